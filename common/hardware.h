@@ -1,0 +1,64 @@
+// Hardware profiles: the detected host (sysfs, Highway's dispatch target, the CUDA device) or a
+// named built-in profile from common/profiles.json, each figure carrying its source.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ioattn {
+
+enum class DeviceKind { cpu, gpu };
+
+// One level of the memory hierarchy, innermost first. For a CPU: L1d, L2, L3, then DRAM; for a
+// GPU: shared memory (per SM), L2, then HBM/DRAM. The last level is the off-chip memory.
+struct MemoryLevel {
+  std::string name;            // "L1d", "L2", "L3", "DRAM", "smem", "HBM"
+  int64_t size_bytes = 0;      // capacity of one instance (0 for the off-chip level: unbounded)
+  int shared_by = 1;           // cores (CPU) or SMs (GPU) sharing one instance
+  int line_bytes = 64;         // cache line or sector transfer size
+  double bandwidth_gbs = 0;    // sustained read bandwidth into the level above, whole chip
+  std::string source;          // where the figures came from (datasheet URL, sysfs, measured)
+};
+
+struct HardwareProfile {
+  std::string name;         // "zen3", "h200-sxm", "host", ...
+  std::string description;  // "AMD EPYC 7003 (Milan) core, Zen 3"
+  DeviceKind kind = DeviceKind::cpu;
+  int cores = 1;                 // CPU cores, or GPU SMs
+  int simd_bits = 256;           // CPU: widest vector Highway dispatches to
+  std::string simd_target;       // CPU: Highway target name ("AVX2", "AVX3", "NEON", "SVE2")
+  double fma_gflops_per_core = 0;  // fp32 FMA peak per core (CPU) or per SM (GPU, fp32 CUDA cores)
+  double tensor_tflops = 0;      // GPU: dense bf16/f16 tensor-core peak, whole chip
+  double clock_ghz = 0;
+  // GPU only.
+  int64_t smem_per_block_bytes = 0;  // opt-in maximum per thread block
+  int regs_per_sm = 0;
+  std::vector<MemoryLevel> levels;  // innermost first, off-chip last
+  std::string source;               // provenance of the profile as a whole
+
+  const MemoryLevel* level(const std::string& level_name) const;
+  const MemoryLevel& dram() const { return levels.back(); }
+};
+
+// Built-in profiles in the order of profiles.json.
+const std::vector<HardwareProfile>& builtin_profiles();
+
+// "host" detects this machine (and is cached); any other name looks up a built-in profile.
+// Returns false and fills *error (naming the value and the valid names) when unknown.
+bool find_profile(const std::string& name, HardwareProfile* out, std::string* error);
+
+// Detected host CPU: sysfs caches and sharing, core count, Highway's dispatch target.
+HardwareProfile detect_host();
+
+// Detected CUDA device 0, when this build has CUDA and a device is visible.
+bool detect_gpu(HardwareProfile* out);
+
+// A custom profile from a JSON file in the same schema as profiles.json; false and a message
+// naming the file and the offending field when malformed.
+bool load_profile_file(const std::string& path, HardwareProfile* out, std::string* error);
+
+// JSON text of a profile (the schema load_profile_file reads).
+std::string profile_to_json(const HardwareProfile& hw);
+
+}  // namespace ioattn

@@ -1,0 +1,29 @@
+// The CUDA backend's entry. Compiled to stubs that report IOATTN_ERROR_UNSUPPORTED when the build
+// has no CUDA, so callers never see a silent fallback.
+#pragma once
+
+#include "common/params.h"
+#include "common/status.h"
+
+namespace ioattn::gpu {
+
+// A CUDA device is usable by this build.
+bool available();
+
+// p validated by the API layer; all pointers are device pointers; runs on p.stream.
+Status forward(const AttnParams& p);
+
+// KV-cache append on the device: rows [0, seqlen_new) of k_new/v_new go to positions
+// cache_seqlens[b] + r of sequence b in the (contiguous or paged) cache that p.k/p.v describe.
+struct KvAppend {
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  DType dtype = DType::f32;
+  int64_t seqlen_new = 0;
+  int64_t k_batch_stride = 0, k_seq_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_seq_stride = 0, v_head_stride = 0;
+  const int32_t* cache_seqlens = nullptr;  // device pointer, before the append
+};
+Status append_kv(const AttnParams& p, const KvAppend& a);
+
+}  // namespace ioattn::gpu

@@ -1,0 +1,16 @@
+// The CUDA backend of a build without CUDA: every call says so instead of falling back.
+#include "gpu/gpu_backend.h"
+
+namespace ioattn::gpu {
+
+bool available() { return false; }
+
+Status forward(const AttnParams&) {
+  return Status::unsupported("backend=CUDA: this build of ioattn was compiled without CUDA (IOATTN_CUDA=OFF or no nvcc)");
+}
+
+Status append_kv(const AttnParams&, const KvAppend&) {
+  return Status::unsupported("backend=CUDA: this build of ioattn was compiled without CUDA (IOATTN_CUDA=OFF or no nvcc)");
+}
+
+}  // namespace ioattn::gpu
