@@ -1,0 +1,1 @@
+#include "bench/lib/peers.h"
