@@ -2,6 +2,8 @@
 // has no CUDA, so callers never see a silent fallback.
 #pragma once
 
+#include <cstddef>
+
 #include "common/params.h"
 #include "common/status.h"
 
@@ -25,5 +27,13 @@ struct KvAppend {
   const int32_t* cache_seqlens = nullptr;  // device pointer, before the append
 };
 Status append_kv(const AttnParams& p, const KvAppend& a);
+
+}  // namespace ioattn::gpu
+
+namespace ioattn::gpu {
+
+// Copies a few bytes of caller metadata (seqlens, block tables, cu_seqlens: device pointers on
+// this backend) to the host so the API layer can validate them before anything is written.
+Status download(void* host_dst, const void* device_src, size_t bytes, void* stream);
 
 }  // namespace ioattn::gpu

@@ -14,3 +14,11 @@ Status append_kv(const AttnParams&, const KvAppend&) {
 }
 
 }  // namespace ioattn::gpu
+
+namespace ioattn::gpu {
+
+Status download(void*, const void*, size_t, void*) {
+  return Status::unsupported("backend=CUDA: this build of ioattn was compiled without CUDA (IOATTN_CUDA=OFF or no nvcc)");
+}
+
+}  // namespace ioattn::gpu
