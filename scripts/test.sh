@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# From nothing to a passed test suite: install dependencies, then build and test every
+# configuration CI guards: the Release build (OpenMP, CUDA compiled when nvcc is present: GPU
+# tests skip visibly without a device), the oneTBB threading backend, ASan+UBSan, and the
+# installed package consumed by a tiny CMake project.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+jobs=$(nproc)
+step() { printf '\n==== %s ====\n' "$*"; }
+
+step "Release, OpenMP, CUDA=AUTO"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DIOATTN_CUDA=AUTO
+cmake --build build -j "$jobs"
+ctest --test-dir build --output-on-failure -j "$jobs"
+
+step "oneTBB threading backend"
+cmake -S . -B build-tbb -G Ninja -DCMAKE_BUILD_TYPE=Release -DIOATTN_THREADING=tbb -DIOATTN_CUDA=OFF \
+  -DIOATTN_BUILD_BENCH=OFF
+cmake --build build-tbb -j "$jobs"
+ctest --test-dir build-tbb --output-on-failure -j "$jobs"
+
+step "ASan + UBSan"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIOATTN_SANITIZE=address \
+  -DIOATTN_CUDA=OFF -DIOATTN_BUILD_BENCH=OFF
+cmake --build build-asan -j "$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j "$jobs"
+
+step "installed package: find_package(ioattn CONFIG) and pkg-config"
+rm -rf build-install-prefix build-consumer
+cmake --install build --prefix "$PWD/build-install-prefix"
+cmake -S tests/consumer -B build-consumer -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build-install-prefix"
+cmake --build build-consumer
+LD_LIBRARY_PATH="$PWD/build-install-prefix/lib" build-consumer/consumer
+PKG_CONFIG_PATH="$PWD/build-install-prefix/lib/pkgconfig" pkg-config --cflags --libs ioattn
+
+step "all configurations passed"
