@@ -1,0 +1,180 @@
+// plan, traffic, explain and hw: the planner, traffic model and design outline for a problem on
+// one or more hardware profiles, without running anything.
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "common/outline.h"
+#include "common/planner.h"
+#include "common/traffic.h"
+#include "tools/args.h"
+#include "tools/cli.h"
+#include "tools/problem_flags.h"
+#include "tools/report.h"
+
+namespace ioattn::cli {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kShapeOutput =
+    "\nWith --json: one object for a single --hw (or none: the host), a list of objects, one per\n"
+    "--hw/--hw-file in command-line order, for several.";
+
+// A shape no kernel of this build runs (a GPU head dim without a tile, say) is still planned:
+// the plan says supported = false and carries the figures such a kernel would need.
+Plan checked_plan(const Problem& pr, const HardwareProfile& hw) {
+  const Plan plan = plan_for(pr, hw);
+  if (plan.block_q <= 0 || plan.block_kv <= 0) {
+    throw internal_error("--hw " + hw.name + ": the planner returned empty blocks for " + describe(pr));
+  }
+  return plan;
+}
+
+// One JSON value per hardware entry: the object itself for one, a list for several.
+json one_or_list(const std::vector<json>& items) { return items.size() == 1 ? items[0] : json(items); }
+
+struct ModelCommand {
+  Args args;
+  ProblemRequest request;
+  bool json_output = false;
+};
+
+// Parses the shared flags plus --json; returns false after printing help.
+bool parse_model_command(ModelCommand& c, int argc, char** argv, const std::string& synopsis,
+                         const std::string& description) {
+  add_problem_flags(c.args, true);
+  c.args.flag("--json", "machine-readable output");
+  if (!c.args.parse(argc, argv)) {
+    std::cout << c.args.help(synopsis, description);
+    return false;
+  }
+  c.request = read_problem_flags(c.args, true);
+  c.json_output = c.args.has("--json");
+  return true;
+}
+
+}  // namespace
+
+int cmd_plan(int argc, char** argv) {
+  ModelCommand c{Args("plan"), {}, false};
+  if (!parse_model_command(c, argc, argv, "[problem flags] [--hw NAME]... [--json]",
+                           std::string("The tiling the planner chooses for the problem on each hardware profile: block\n"
+                                       "sizes, register or CTA tile, kv splits, workers, and the working set against\n"
+                                       "the cache or shared-memory level it was fitted to. CPU profiles get plan_cpu,\n"
+                                       "GPU profiles plan_gpu.") +
+                               kShapeOutput)) {
+    return kExitOk;
+  }
+  const Problem& pr = c.request.problem;
+  std::vector<json> items;
+  std::string text;
+  for (const HardwareProfile& hw : c.request.hardware) {
+    const Plan plan = checked_plan(pr, hw);
+    json j = plan_json(plan);
+    j["problem"] = problem_json(pr);
+    items.push_back(std::move(j));
+    text += "problem         " + describe(pr) + "\n" + plan_text(plan, hw) + "\n";
+  }
+  std::cout << (c.json_output ? dump(one_or_list(items)) + "\n" : text);
+  return kExitOk;
+}
+
+int cmd_traffic(int argc, char** argv) {
+  ModelCommand c{Args("traffic"), {}, false};
+  if (!parse_model_command(c, argc, argv, "[problem flags] [--hw NAME]... [--json]",
+                           "Predicted bytes across every memory boundary (CPU: L1d-L2, L2-L3, L3-DRAM; GPU:\n"
+                           "smem-L2, L2-HBM) for flash attention (tiled, scores never materialized) and for\n"
+                           "standard attention (S and P written and read back), one entry per --hw.\n\n"
+                           "With --json: always a list of objects (hardware, flash_dram_bytes,\n"
+                           "standard_dram_bytes, levels [{name, flash_bytes, standard_bytes}], flops,\n"
+                           "flash_roofline_s, standard_roofline_s), as API.md specifies.")) {
+    return kExitOk;
+  }
+  const Problem& pr = c.request.problem;
+  json list = json::array();
+  std::string text;
+  for (const HardwareProfile& hw : c.request.hardware) {
+    const Plan plan = checked_plan(pr, hw);
+    const TrafficReport t = predict_traffic(pr, plan, hw);
+    json j = traffic_json(t);
+    j["problem"] = problem_json(pr);
+    list.push_back(std::move(j));
+    text += t.hardware + ": " + describe(pr) + " (block_q " + std::to_string(plan.block_q) + ", block_kv " +
+            std::to_string(plan.block_kv) + ")\n" + traffic_text(t) + "\n";
+  }
+  std::cout << (c.json_output ? dump(list) + "\n" : text);
+  return kExitOk;
+}
+
+int cmd_explain(int argc, char** argv) {
+  ModelCommand c{Args("explain"), {}, false};
+  if (!parse_model_command(c, argc, argv, "[problem flags] [--hw NAME]... [--json]",
+                           std::string("The design outline of the plan for this problem on this hardware: memory\n"
+                                       "traffic, tiling, numerical stability, the tradeoff made and the failure mode\n"
+                                       "risked, each with this plan's numbers. JSON keys are exactly memoryTraffic,\n"
+                                       "tiling, numericalStability, tradeoff and failureMode.") +
+                               kShapeOutput)) {
+    return kExitOk;
+  }
+  const Problem& pr = c.request.problem;
+  std::vector<json> items;
+  std::string text;
+  for (const HardwareProfile& hw : c.request.hardware) {
+    const Plan plan = checked_plan(pr, hw);
+    const DesignOutline o = designOutline(pr, plan, hw);
+    items.push_back(outline_json(o));
+    text += hw.name + ": " + describe(pr) + "\n" + outline_text(o) + "\n";
+  }
+  std::cout << (c.json_output ? dump(one_or_list(items)) + "\n" : text);
+  return kExitOk;
+}
+
+int cmd_hw(int argc, char** argv) {
+  Args args("hw");
+  args.flag("--json", "machine-readable output: {host, gpu (null without one), profiles: [...]}");
+  if (!args.parse(argc, argv)) {
+    std::cout << args.help("[--json]",
+                           "The built-in hardware profiles (names usable with --hw) and the detected host\n"
+                           "(--hw host), with cache levels, cores, SIMD target and FMA rate.");
+    return kExitOk;
+  }
+  const HardwareProfile host = detect_host();
+  HardwareProfile gpu;
+  const bool have_gpu = detect_gpu(&gpu);
+  const auto& builtins = builtin_profiles();
+  if (args.has("--json")) {
+    json profiles = json::array();
+    for (const HardwareProfile& hw : builtins) profiles.push_back(profile_json(hw));
+    const json j = {{"host", profile_json(host)},
+                    {"gpu", have_gpu ? profile_json(gpu) : json(nullptr)},
+                    {"profiles", profiles}};
+    std::cout << dump(j) << "\n";
+    return kExitOk;
+  }
+  auto row = [](const HardwareProfile& hw) {
+    std::string levels;
+    for (const MemoryLevel& l : hw.levels) {
+      if (l.size_bytes <= 0) continue;
+      if (!levels.empty()) levels += ", ";
+      levels += l.name + " " + human_bytes(double(l.size_bytes));
+      if (l.shared_by > 1) {
+        levels += '/';
+        levels += std::to_string(l.shared_by);
+      }
+    }
+    char line[512];
+    std::snprintf(line, sizeof line, "%-14s %-3s %5d %-6s %8.1f  %s\n", hw.name.c_str(), device_kind_name(hw.kind),
+                  hw.cores, hw.kind == DeviceKind::cpu ? hw.simd_target.c_str() : "-",
+                  hw.fma_gflops_per_core * hw.cores, levels.c_str());
+    return std::string(line) + std::string(15, ' ') + hw.description + "\n";
+  };
+  std::printf("%-14s %-3s %5s %-6s %8s  %s\n", "name", "kind", "cores", "simd", "GFLOP/s", "levels (size/shared by)");
+  std::cout << row(host);
+  if (have_gpu) std::cout << row(gpu);
+  for (const HardwareProfile& hw : builtins) std::cout << row(hw);
+  return kExitOk;
+}
+
+}  // namespace ioattn::cli
