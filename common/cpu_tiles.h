@@ -1,19 +1,52 @@
 // The CPU register tile, shared by the planner (plan_cpu) and the Highway kernels so that block
-// sizes are always whole multiples of what the micro-kernel consumes. Owned by cpu/.
+// sizes are whole multiples of what the micro-kernels consume. Owned by cpu/.
+//
+// Both micro-kernels of cpu/flash_kernel.cc have the same shape: `rows` scalars broadcast, times
+// `vecs` vectors loaded, into rows x vecs accumulators.
+//  * scores, S^T = K Q^T: rows are keys (broadcast from K rows), vectors run over query rows
+//    (Q^T is packed so a vector holds one element of `lanes` query rows);
+//  * output, O += P V: rows are query rows (broadcast from P), vectors run over the V columns.
+// Why this many accumulators: an FMA has 4 cycles of latency and two FMA ports on Zen 3 / Skylake,
+// so 4 x 2 = 8 independent accumulator chains must be in flight to keep both ports busy; more
+// than 8 also hides the broadcast and load latency. The register file bounds it from above.
 #pragma once
 
 namespace ioattn {
 
 struct CpuRegisterTile {
-  int rows;  // query rows held in registers by the micro-kernel
-  int vecs;  // vectors of columns per row
+  int rows;  // scalars broadcast per step (keys in the score kernel, query rows in the PV kernel)
+  int vecs;  // vectors loaded per step (query-row vectors, or V-column vectors)
 };
 
 // simd_bits: width of the dispatched target (128 SSE4/NEON, 256 AVX2, 512 AVX-512).
-// AVX2 has 16 vector registers: 6 rows x 2 vectors = 12 accumulators + 2 loads + 1 broadcast.
-// AVX-512 has 32: 8 rows x 3 vectors = 24 accumulators + 3 loads + 1 broadcast.
+// AVX2 has 16 vector registers: 6 rows x 2 vectors = 12 accumulators + 2 loads + 1 broadcast
+// = 15; 12 >= 8 chains in flight. AVX-512 has 32: 8 rows x 3 vectors = 24 accumulators + 3 loads
+// + 1 broadcast = 28. The 128-bit targets keep the AVX2 shape (16 registers as well).
 constexpr CpuRegisterTile cpu_register_tile(int simd_bits) {
   return simd_bits >= 512 ? CpuRegisterTile{8, 3} : CpuRegisterTile{6, 2};
 }
+
+constexpr int cpu_float_lanes(int simd_bits) { return simd_bits / 32; }
+
+constexpr int cpu_lcm(int a, int b) {
+  int x = a, y = b;
+  while (y != 0) {
+    const int t = x % y;
+    x = y;
+    y = t;
+  }
+  return a / x * b;
+}
+
+// block_q (query rows per tile) is best a multiple of both the PV kernel's rows and the score
+// kernel's query-row vectors (AVX2: lcm(6, 2 x 8) = 48; AVX-512: lcm(8, 3 x 16) = 48); other
+// values work, with remainder tiles.
+constexpr int cpu_block_q_quantum(int simd_bits) {
+  return cpu_lcm(cpu_register_tile(simd_bits).rows,
+                 cpu_register_tile(simd_bits).vecs * cpu_float_lanes(simd_bits));
+}
+
+// block_kv is best a multiple of the score kernel's keys per step (6 on AVX2, 8 on AVX-512).
+constexpr int cpu_block_kv_quantum(int simd_bits) { return cpu_register_tile(simd_bits).rows; }
 
 }  // namespace ioattn

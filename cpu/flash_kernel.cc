@@ -1,0 +1,623 @@
+// The CPU flash-attention forward (FlashAttention-2 on a CPU core's caches), written once with
+// Highway and compiled for every x86 target; flash_forward dispatches once per call.
+//
+// Work decomposition. A task is one tile: (sequence b, kv head hk, a block of query positions),
+// and the G = Hq / Hkv query heads that share hk are stacked into the tile's rows
+// (row r = position pos0 + r / G, head hk * G + r % G). Every K/V block is therefore converted and
+// streamed once for all G heads: for decode (Sq = 1) a tile is the G heads of one token, and each
+// K/V byte of the cache is read once per step. With kv_splits > 1 a task is (tile, split): the
+// key range is cut into contiguous runs of blocks whose (O, m, l) partials are merged in split
+// order afterwards (flash-decoding), so short-query problems still fill every core.
+//
+// Per key block (block_kv keys), inside one tile of M rows:
+//   1. K rows are made f32 (converted once into scratch when stored as f16/bf16, read in place
+//      when f32) and V rows likewise, V padded with zeros to Dvp (Dv rounded up to the vector).
+//   2. S^T = K Q^T with the register tile of common/cpu_tiles.h: `rows` keys broadcast from their
+//      rows times `vecs` vectors of query rows from Q^T, packed once per tile in panels of one
+//      vector of rows ([row vector][d][lanes]). S^T is [key][row]: one vector holds one key's
+//      score for `lanes` query rows, so the row-wise softmax below needs no horizontal reduction.
+//   3. Online softmax (common/online_softmax.h): block max per row, rescale factor only where the
+//      max grew, p = exp(s - max_for_exp(m)), running sum l.
+//   4. O += P V with the same register-tile shape: `rows` query rows broadcast from P^T times
+//      `vecs` vectors of V columns. O stays unnormalized until the last block
+//      (FlashAttention-2's deferred normalization): one multiply by 1/l per output element.
+//
+// Memory per worker step, D = Dv = 128, block_kv = 192, 48 rows (AVX2): K and V blocks 96 KiB each
+// (converted copies, or the caller's rows), S^T 36 KiB, Q^T and O 24 KiB each: about 280 KiB,
+// inside a 512 KiB L2, so after the first touch every block is re-read from L2, never from DRAM;
+// the score kernel streams one 16-row Q^T panel (8 KiB) and 6 K rows (3 KiB) from L1.
+//
+// Masking. The tile's union of visible keys [U0, U1) is cut into blocks aligned to its END, so a
+// causal diagonal falls in the last block only; blocks outside the union are never visited. A
+// block where every row sees every key runs the unmasked softmax; otherwise the masked one sets
+// hidden scores to -inf (a select, never a multiply, so NaN in a hidden K row cannot leak). In
+// P V, each group of rows runs the fast tile over the keys all of its rows see, and every row
+// adds the keys only it sees by itself: a hidden key's V row is never touched, so a NaN there
+// stays out of rows that cannot see it (0 * NaN would not). Keys past Sk are never read.
+//
+// Error contract. Accumulation is fp32 FMA throughout. Exponentials are hwy::Exp (max error
+// 1 ULP on [-FLT_MAX, 104]; arguments here are s - m <= 0; below -104 it returns 0, which is also
+// what exp gives after rounding to fp32, and it returns 0 for NaN, which is why NaN scores are
+// detected explicitly and carried through the running max). Softcap uses hwy::Tanh (max error
+// 4 ULP). Scalar rescale and merge factors use expf through the header's rules. The result is
+// within the FlashAttention-2 tolerance rule of docs/TESTING.md against the fp64 reference.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/flash_kernel.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "common/alloc.h"
+#include "common/cpu_tiles.h"
+#include "common/online_softmax.h"
+#include "cpu/flash_kernel.h"
+#include "cpu/threading.h"
+#include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace ioattn::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(DF()));
+constexpr CpuRegisterTile kTile = cpu_register_tile(static_cast<int>(kLanes) * 32);
+// Row PV (keys only some rows of a group see): one row, kRowVecs vector accumulators. 4 chains
+// keep the FMA ports half busy; these keys are a thin edge of the block (the causal diagonal).
+constexpr int kRowVecs = 4;
+
+constexpr int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+constexpr size_t AlignBytes(size_t x) { return (x + 63) / 64 * 64; }
+
+// ---------------------------------------------------------------------------------------------
+// Micro-kernels.
+
+// S^T[key r][row vector c] = sum_d K[r][d] * Q^T[c][d]. krow: R key rows (f32); qt: the first
+// of C Q^T panels ([d][lanes] each, panel stride D * lanes); st: row r of S^T, stride mp.
+template <int R, int C>
+void ScoreTile(const float* const* krow, const float* qt, int64_t D, float* st, int64_t mp) {
+  const DF df;
+  VF acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = hn::Zero(df);
+  const int64_t panel = D * kLanes;
+  for (int64_t d = 0; d < D; ++d) {
+    VF qv[C];
+    for (int c = 0; c < C; ++c) qv[c] = hn::Load(df, qt + c * panel + d * kLanes);
+    for (int r = 0; r < R; ++r) {
+      const VF kb = hn::Set(df, krow[r][d]);
+      for (int c = 0; c < C; ++c) acc[r][c] = hn::MulAdd(kb, qv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) hn::Store(acc[r][c], df, st + r * mp + c * kLanes);
+}
+
+// O[r][c0 + c * lanes ...] += sum_j P^T[j][r] * V[j][c0 + ...] for R rows, C vectors, n keys.
+// p: P^T at (first key, first row), stride mp; vrow: the n key rows; o: O at (first row, c0).
+template <int R, int C>
+void PvTile(const float* p, int64_t mp, const float* const* vrow, int64_t n, int64_t c0, float* o,
+            int64_t dvp) {
+  const DF df;
+  VF acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = hn::Load(df, o + r * dvp + c * kLanes);
+  for (int64_t j = 0; j < n; ++j) {
+    VF vv[C];
+    const float* v = vrow[j] + c0;
+    for (int c = 0; c < C; ++c) vv[c] = hn::LoadU(df, v + c * kLanes);
+    const float* pj = p + j * mp;
+    for (int r = 0; r < R; ++r) {
+      const VF pb = hn::Set(df, pj[r]);
+      for (int c = 0; c < C; ++c) acc[r][c] = hn::MulAdd(pb, vv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) hn::Store(acc[r][c], df, o + r * dvp + c * kLanes);
+}
+
+// One row, keys [j0, j1), C vectors from column c0. p: this row's P^T column (stride mp).
+template <int C>
+void RowPvChunk(const float* p, int64_t mp, const float* const* vrow, int64_t j0, int64_t j1,
+                int64_t c0, float* o) {
+  const DF df;
+  VF acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = hn::Load(df, o + c * kLanes);
+  for (int64_t j = j0; j < j1; ++j) {
+    const VF pb = hn::Set(df, p[j * mp]);
+    const float* v = vrow[j] + c0;
+    for (int c = 0; c < C; ++c) acc[c] = hn::MulAdd(pb, hn::LoadU(df, v + c * kLanes), acc[c]);
+  }
+  for (int c = 0; c < C; ++c) hn::Store(acc[c], df, o + c * kLanes);
+}
+
+using ScoreFn = void (*)(const float* const*, const float*, int64_t, float*, int64_t);
+using PvFn = void (*)(const float*, int64_t, const float* const*, int64_t, int64_t, float*, int64_t);
+using RowPvFn = void (*)(const float*, int64_t, const float* const*, int64_t, int64_t, int64_t, float*);
+
+// Tables of every (rows, vectors) remainder shape, indexed [vectors - 1][rows - 1], so block
+// edges run the same code as the bulk with fewer registers instead of a scalar tail.
+template <int C, size_t... I>
+constexpr std::array<ScoreFn, sizeof...(I)> ScoreRowsTable(std::index_sequence<I...>) {
+  return {&ScoreTile<static_cast<int>(I) + 1, C>...};
+}
+template <int C, size_t... I>
+constexpr std::array<PvFn, sizeof...(I)> PvRowsTable(std::index_sequence<I...>) {
+  return {&PvTile<static_cast<int>(I) + 1, C>...};
+}
+template <size_t... C>
+constexpr auto ScoreTable(std::index_sequence<C...>) {
+  return std::array<std::array<ScoreFn, kTile.rows>, sizeof...(C)>{
+      ScoreRowsTable<static_cast<int>(C) + 1>(std::make_index_sequence<kTile.rows>())...};
+}
+template <size_t... C>
+constexpr auto PvTable(std::index_sequence<C...>) {
+  return std::array<std::array<PvFn, kTile.rows>, sizeof...(C)>{
+      PvRowsTable<static_cast<int>(C) + 1>(std::make_index_sequence<kTile.rows>())...};
+}
+template <size_t... C>
+constexpr std::array<RowPvFn, sizeof...(C)> RowPvTable(std::index_sequence<C...>) {
+  return {&RowPvChunk<static_cast<int>(C) + 1>...};
+}
+
+constexpr auto kScore = ScoreTable(std::make_index_sequence<kTile.vecs>());
+constexpr auto kPv = PvTable(std::make_index_sequence<kTile.vecs>());
+constexpr auto kRowPv = RowPvTable(std::make_index_sequence<kRowVecs>());
+
+// ---------------------------------------------------------------------------------------------
+// Conversion of a caller's row into f32 scratch: f16/bf16 are widened with PromoteTo (exact), so
+// the micro-kernels only ever see f32.
+
+void RowToF32(const void* base, int64_t offset, DType type, int64_t n, float* dst) {
+  const DF df;
+  int64_t i = 0;
+  if (type == DType::f32) {
+    std::memcpy(dst, static_cast<const float*>(base) + offset, size_t(n) * sizeof(float));
+    return;
+  }
+  if (type == DType::f16) {
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const auto* src = static_cast<const hwy::float16_t*>(base) + offset;
+    for (; i + kLanes <= n; i += kLanes) hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, src + i)), df, dst + i);
+  } else {
+    const hn::Rebind<hwy::bfloat16_t, DF> db;
+    const auto* src = static_cast<const hwy::bfloat16_t*>(base) + offset;
+    for (; i + kLanes <= n; i += kLanes) hn::StoreU(hn::PromoteTo(df, hn::LoadU(db, src + i)), df, dst + i);
+  }
+  for (; i < n; ++i) dst[i] = load_as_f32(base, offset + i, type);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Geometry of one call and the per-worker scratch carved from one allocation.
+
+// Regions of a worker's scratch, each 64-byte aligned.
+enum Region { kQt, kQrow, kK, kV, kKrow, kVrow, kSt, kO, kM, kL, kAlpha, kMref, kMblk, kLo, kHi, kRowLo, kRowHi, kRegions };
+
+struct Geometry {
+  int64_t D = 0, Dv = 0, Dvp = 0, G = 0;
+  int64_t pos_per_tile = 0;  // query positions per tile
+  int64_t rows_max = 0;      // pos_per_tile * G
+  int64_t mp_max = 0;        // rows_max rounded up to the vector: the stride of Q^T panels and S^T
+  int64_t block_kv = 0;
+  int64_t splits = 1;
+  bool k_in_place = false;  // f32 K: key rows are read from the caller's memory
+  bool v_in_place = false;  // f32 V with Dv a multiple of the vector: likewise
+  size_t off[kRegions] = {};
+  size_t worker_bytes = 0;
+  int64_t partial_floats = 0;  // O (rows_max x Dvp), m and l (rows_max each) of one (tile, split)
+};
+
+Geometry MakeGeometry(const AttnParams& p, const Plan& plan) {
+  Geometry g;
+  g.D = p.head_dim;
+  g.Dv = p.head_dim_v;
+  g.Dvp = RoundUp(g.Dv, kLanes);
+  g.G = p.heads_q / p.heads_kv;
+  g.pos_per_tile = std::max<int64_t>(1, plan.block_q / g.G);
+  g.rows_max = g.pos_per_tile * g.G;
+  g.mp_max = RoundUp(g.rows_max, kLanes);
+  g.block_kv = std::max(1, plan.block_kv);
+  g.splits = std::max(1, plan.kv_splits);
+  g.k_in_place = p.kv_dtype == DType::f32;
+  g.v_in_place = p.kv_dtype == DType::f32 && g.Dv % kLanes == 0;
+  const size_t f = sizeof(float);
+  const size_t rows = size_t(g.mp_max), bk = size_t(g.block_kv);
+  size_t bytes[kRegions] = {};
+  bytes[kQt] = rows * size_t(g.D) * f;
+  bytes[kQrow] = size_t(g.D) * f;
+  bytes[kK] = g.k_in_place ? 0 : bk * size_t(g.D) * f;
+  bytes[kV] = g.v_in_place ? 0 : bk * size_t(g.Dvp) * f;
+  bytes[kKrow] = bk * sizeof(float*);
+  bytes[kVrow] = bk * sizeof(float*);
+  bytes[kSt] = bk * rows * f;
+  bytes[kO] = rows * size_t(g.Dvp) * f;
+  for (int r : {kM, kL, kAlpha, kMref, kMblk, kLo, kHi}) bytes[r] = rows * f;
+  bytes[kRowLo] = bytes[kRowHi] = rows * sizeof(int64_t);
+  size_t at = 0;
+  for (int r = 0; r < kRegions; ++r) {
+    g.off[r] = at;
+    at += AlignBytes(bytes[r]);
+  }
+  g.worker_bytes = at;
+  g.partial_floats = g.rows_max * g.Dvp + 2 * g.rows_max;
+  return g;
+}
+
+struct Scratch {
+  float* qt;
+  float* qrow;
+  float* kpack;
+  float* vpack;
+  const float** krow;
+  const float** vrow;
+  float* st;
+  float* o;
+  float *m, *l, *alpha, *mref, *mblk, *lo, *hi;
+  int64_t *row_lo, *row_hi;
+};
+
+Scratch CarveScratch(const Geometry& g, unsigned char* base) {
+  auto at = [&](Region r) { return base + g.off[r]; };
+  Scratch w;
+  w.qt = reinterpret_cast<float*>(at(kQt));
+  w.qrow = reinterpret_cast<float*>(at(kQrow));
+  w.kpack = reinterpret_cast<float*>(at(kK));
+  w.vpack = reinterpret_cast<float*>(at(kV));
+  w.krow = reinterpret_cast<const float**>(at(kKrow));
+  w.vrow = reinterpret_cast<const float**>(at(kVrow));
+  w.st = reinterpret_cast<float*>(at(kSt));
+  w.o = reinterpret_cast<float*>(at(kO));
+  w.m = reinterpret_cast<float*>(at(kM));
+  w.l = reinterpret_cast<float*>(at(kL));
+  w.alpha = reinterpret_cast<float*>(at(kAlpha));
+  w.mref = reinterpret_cast<float*>(at(kMref));
+  w.mblk = reinterpret_cast<float*>(at(kMblk));
+  w.lo = reinterpret_cast<float*>(at(kLo));
+  w.hi = reinterpret_cast<float*>(at(kHi));
+  w.row_lo = reinterpret_cast<int64_t*>(at(kRowLo));
+  w.row_hi = reinterpret_cast<int64_t*>(at(kRowHi));
+  return w;
+}
+
+// One tile's rows: where they are and which keys they see.
+struct Tile {
+  int64_t b, hk, pos0, npos;
+  SeqSpan seq;
+  int64_t rows, mp;  // rows = npos * G; mp = rows rounded up to the vector
+};
+
+// ---------------------------------------------------------------------------------------------
+// Online softmax of one block, vectorized over query rows (S^T is [key][row]).
+// Pass 1 scales (and caps) the scores, hides masked ones, and takes the block max per row;
+// then the header's scalar rules give each row its new max and rescale factor; pass 2
+// exponentiates in place (S^T becomes P^T) and accumulates l.
+template <bool kMasked, bool kSoftcap>
+void SoftmaxBlock(const Tile& t, int64_t nk, float scale, float softcap, const Scratch& w) {
+  const DF df;
+  const VF vscale = hn::Set(df, scale);
+  const VF vcap = hn::Set(df, softcap);
+  const VF neg_inf = hn::Set(df, -INFINITY);
+  const VF pos_inf = hn::Set(df, INFINITY);
+  const VF nan = hn::Set(df, std::numeric_limits<float>::quiet_NaN());
+  for (int64_t r0 = 0; r0 < t.mp; r0 += kLanes) {
+    VF mx = neg_inf, saw_nan = hn::Zero(df);
+    const VF lo = hn::Load(df, w.lo + r0), hi = hn::Load(df, w.hi + r0);
+    for (int64_t j = 0; j < nk; ++j) {
+      float* sp = w.st + j * t.mp + r0;
+      VF s = hn::Mul(hn::Load(df, sp), vscale);
+      if (kSoftcap) s = hn::Mul(vcap, hn::Tanh(df, hn::Div(s, vcap)));
+      if (kMasked) {
+        const VF jf = hn::Set(df, static_cast<float>(j));
+        s = hn::IfThenElse(hn::And(hn::Ge(jf, lo), hn::Lt(jf, hi)), s, neg_inf);
+      }
+      hn::Store(s, df, sp);
+      mx = hn::Max(mx, s);
+      saw_nan = hn::Or(saw_nan, hn::VecFromMask(df, hn::Ne(s, s)));
+    }
+    // NaN is never masked away (x86 max drops it, hwy::Exp maps it to 0), and an infinite
+    // score makes the reference's exp(inf - inf) NaN: both make the row's max NaN, which the
+    // rescale factor then carries into O and l.
+    const auto poisoned = hn::Or(hn::MaskFromVec(saw_nan), hn::Eq(mx, pos_inf));
+    hn::Store(hn::IfThenElse(poisoned, nan, mx), df, w.mblk + r0);
+  }
+  for (int64_t r = 0; r < t.mp; ++r) {
+    const float m_old = w.m[r], m_blk = w.mblk[r];
+    const float m_new = std::isnan(m_old) || std::isnan(m_blk) ? std::numeric_limits<float>::quiet_NaN()
+                                                              : std::max(m_old, m_blk);
+    w.alpha[r] = softmax::rescale_factor(m_old, m_new, [](float x) { return std::exp(x); });
+    w.m[r] = m_new;
+    w.mref[r] = softmax::max_for_exp(m_new);
+  }
+  for (int64_t r0 = 0; r0 < t.mp; r0 += kLanes) {
+    const VF mref = hn::Load(df, w.mref + r0);
+    VF sum = hn::Zero(df);
+    for (int64_t j = 0; j < nk; ++j) {
+      float* sp = w.st + j * t.mp + r0;
+      const VF pj = hn::Exp(df, hn::Sub(hn::Load(df, sp), mref));
+      hn::Store(pj, df, sp);
+      sum = hn::Add(sum, pj);
+    }
+    const VF l = hn::Load(df, w.l + r0);
+    hn::Store(hn::MulAdd(l, hn::Load(df, w.alpha + r0), sum), df, w.l + r0);
+  }
+}
+
+// O rows += P V over the block, each row over exactly its visible keys [lo_r, hi_r).
+void AccumulatePv(const Geometry& g, const Tile& t, const Scratch& w) {
+  const int64_t vecs_total = g.Dvp / kLanes;
+  auto row_range = [&](int64_t r0, int64_t r1, int64_t a, int64_t e) {
+    if (a >= e) return;
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t v = 0; v < vecs_total; v += kRowVecs) {
+        const int64_t c = std::min<int64_t>(kRowVecs, vecs_total - v);
+        kRowPv[size_t(c - 1)](w.st + r, t.mp, w.vrow, a, e, v * kLanes, w.o + r * g.Dvp + v * kLanes);
+      }
+    }
+  };
+  for (int64_t r0 = 0; r0 < t.rows; r0 += kTile.rows) {
+    const int64_t nr = std::min<int64_t>(kTile.rows, t.rows - r0);
+    // Keys every row of the group sees: the register tile; the rest row by row.
+    int64_t a = 0, e = std::numeric_limits<int64_t>::max();
+    bool any_empty = false;
+    for (int64_t r = r0; r < r0 + nr; ++r) {
+      const int64_t lo = static_cast<int64_t>(w.lo[r]), hi = static_cast<int64_t>(w.hi[r]);
+      any_empty |= lo >= hi;
+      a = std::max(a, lo);
+      e = std::min(e, hi);
+    }
+    if (any_empty || a >= e) {
+      for (int64_t r = r0; r < r0 + nr; ++r)
+        row_range(r, r + 1, static_cast<int64_t>(w.lo[r]), static_cast<int64_t>(w.hi[r]));
+      continue;
+    }
+    for (int64_t v = 0; v < vecs_total; v += kTile.vecs) {
+      const int64_t nc = std::min<int64_t>(kTile.vecs, vecs_total - v);
+      kPv[size_t(nc - 1)][size_t(nr - 1)](w.st + a * t.mp + r0, t.mp, w.vrow + a, e - a, v * kLanes,
+                                          w.o + r0 * g.Dvp + v * kLanes, g.Dvp);
+    }
+    for (int64_t r = r0; r < r0 + nr; ++r) {
+      row_range(r, r + 1, static_cast<int64_t>(w.lo[r]), a);
+      row_range(r, r + 1, e, static_cast<int64_t>(w.hi[r]));
+    }
+  }
+}
+
+// Runs the blocks [blk_begin, blk_end) of the tile (block k covers keys
+// [max(U0, U1 - (nb - k) * block_kv), U1 - (nb - 1 - k) * block_kv)) and leaves the
+// unnormalized state in w.o, w.m, w.l.
+void RunTileBlocks(const AttnParams& p, const Geometry& g, const Tile& t, int64_t u0, int64_t u1, int64_t nb,
+                   int64_t blk_begin, int64_t blk_end, const Scratch& w) {
+  const DF df;
+  for (int64_t r = 0; r < t.mp; ++r) {
+    w.m[r] = softmax::neg_inf();
+    w.l[r] = 0.f;
+  }
+  std::fill(w.o, w.o + t.mp * g.Dvp, 0.f);
+  for (int64_t k = blk_begin; k < blk_end; ++k) {
+    const int64_t j1 = u1 - (nb - 1 - k) * g.block_kv;
+    const int64_t j0 = std::max(u0, j1 - g.block_kv);
+    const int64_t nk = j1 - j0;
+    for (int64_t j = 0; j < nk; ++j) {
+      const int64_t ko = k_offset(p, t.b, t.seq, j0 + j, t.hk);
+      if (g.k_in_place) {
+        w.krow[j] = static_cast<const float*>(p.k) + ko;
+      } else {
+        RowToF32(p.k, ko, p.kv_dtype, g.D, w.kpack + j * g.D);
+        w.krow[j] = w.kpack + j * g.D;
+      }
+      const int64_t vo = v_offset(p, t.b, t.seq, j0 + j, t.hk);
+      if (g.v_in_place) {
+        w.vrow[j] = static_cast<const float*>(p.v) + vo;
+      } else {
+        float* dst = w.vpack + j * g.Dvp;
+        RowToF32(p.v, vo, p.kv_dtype, g.Dv, dst);
+        std::fill(dst + g.Dv, dst + g.Dvp, 0.f);
+        w.vrow[j] = dst;
+      }
+    }
+    bool masked = false;
+    for (int64_t r = 0; r < t.mp; ++r) {
+      const int64_t lo = std::clamp<int64_t>(w.row_lo[r] - j0, 0, nk);
+      const int64_t hi = std::clamp<int64_t>(w.row_hi[r] - j0, lo, nk);
+      w.lo[r] = static_cast<float>(lo);
+      w.hi[r] = static_cast<float>(hi);
+      if (r < t.rows && (lo != 0 || hi != nk)) masked = true;
+    }
+    for (int64_t j = 0; j < nk; j += kTile.rows) {
+      const int64_t nr = std::min<int64_t>(kTile.rows, nk - j);
+      for (int64_t c = 0; c < t.mp / kLanes; c += kTile.vecs) {
+        const int64_t nc = std::min<int64_t>(kTile.vecs, t.mp / kLanes - c);
+        kScore[size_t(nc - 1)][size_t(nr - 1)](w.krow + j, w.qt + c * g.D * kLanes, g.D,
+                                               w.st + j * t.mp + c * kLanes, t.mp);
+      }
+    }
+    const bool capped = p.softcap > 0.f;
+    if (masked) {
+      if (capped) SoftmaxBlock<true, true>(t, nk, p.scale, p.softcap, w);
+      else SoftmaxBlock<true, false>(t, nk, p.scale, p.softcap, w);
+    } else {
+      if (capped) SoftmaxBlock<false, true>(t, nk, p.scale, p.softcap, w);
+      else SoftmaxBlock<false, false>(t, nk, p.scale, p.softcap, w);
+    }
+    for (int64_t r = 0; r < t.rows; ++r) {
+      if (w.alpha[r] == 1.f) continue;
+      const VF a = hn::Set(df, w.alpha[r]);
+      float* o = w.o + r * g.Dvp;
+      for (int64_t c = 0; c < g.Dvp; c += kLanes) hn::Store(hn::Mul(hn::Load(df, o + c), a), df, o + c);
+    }
+    AccumulatePv(g, t, w);
+  }
+}
+
+// Writes row r's normalized output (rounded to the storage type) and its lse.
+void WriteRow(const AttnParams& p, const Geometry& g, const Tile& t, int64_t r, const float* o, float m,
+              float l) {
+  const DF df;
+  const int64_t pos = t.pos0 + r / g.G, h = t.hk * g.G + r % g.G;
+  const int64_t oo = o_offset(p, t.b, t.seq, pos, h);
+  const float inv = softmax::output_scale(l);
+  int64_t c = 0;
+  if (p.io_dtype == DType::f32) {
+    float* out = static_cast<float*>(p.out) + oo;
+    const VF vinv = hn::Set(df, inv);
+    for (; c + kLanes <= g.Dv; c += kLanes) hn::StoreU(hn::Mul(hn::Load(df, o + c), vinv), df, out + c);
+  }
+  for (; c < g.Dv; ++c) store_from_f32(p.out, oo + c, p.io_dtype, o[c] * inv);
+  if (p.lse) p.lse[lse_offset(p, t.b, t.seq, pos, h)] = softmax::row_lse(m, l, softmax::Domain::natural);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The task list: tiles ordered (sequence, kv head, query block from the LAST), so with dynamic
+// hand-out the long causal tiles start first and the short ones fill the tail.
+
+struct TileIndex {
+  const AttnParams* p;
+  const Geometry* g;
+  const int64_t* tiles_before;  // [batch + 1]: tiles of the sequences before b
+
+  Tile Get(int64_t index) const {
+    const int64_t b = std::upper_bound(tiles_before, tiles_before + p->batch + 1, index) - tiles_before - 1;
+    Tile t;
+    t.b = b;
+    t.seq = sequence(*p, b);
+    const int64_t nq = (t.seq.seqlen_q + g->pos_per_tile - 1) / g->pos_per_tile;
+    const int64_t local = index - tiles_before[b];
+    t.hk = local / nq;
+    t.pos0 = (nq - 1 - local % nq) * g->pos_per_tile;
+    t.npos = std::min(g->pos_per_tile, t.seq.seqlen_q - t.pos0);
+    t.rows = t.npos * g->G;
+    t.mp = RoundUp(t.rows, kLanes);
+    return t;
+  }
+};
+
+// Packs Q^T and the rows' visible ranges; returns the union [u0, u1) and the block count.
+void PrepareTile(const AttnParams& p, const Geometry& g, const Tile& t, const Scratch& w, int64_t* u0,
+                 int64_t* u1, int64_t* nb) {
+  *u0 = std::numeric_limits<int64_t>::max();
+  *u1 = std::numeric_limits<int64_t>::min();
+  float* row = w.qrow;
+  for (int64_t r = 0; r < t.mp; ++r) {
+    float* panel = w.qt + (r / kLanes) * g.D * kLanes + r % kLanes;
+    if (r >= t.rows) {
+      for (int64_t d = 0; d < g.D; ++d) panel[d * kLanes] = 0.f;
+      w.row_lo[r] = w.row_hi[r] = 0;
+      continue;
+    }
+    const int64_t pos = t.pos0 + r / g.G, h = t.hk * g.G + r % g.G;
+    RowToF32(p.q, q_offset(p, t.b, t.seq, pos, h), p.io_dtype, g.D, row);
+    for (int64_t d = 0; d < g.D; ++d) panel[d * kLanes] = row[d];
+    const KeyRange keys = visible_keys(p, t.seq, pos);
+    w.row_lo[r] = keys.begin;
+    w.row_hi[r] = keys.end;
+    if (keys.end > keys.begin) {
+      *u0 = std::min(*u0, keys.begin);
+      *u1 = std::max(*u1, keys.end);
+    }
+  }
+  *nb = *u1 > *u0 ? (*u1 - *u0 + g.block_kv - 1) / g.block_kv : 0;
+}
+
+Status FlashForward(const AttnParams& p, const Plan& plan) {
+  if (p.batch == 0 || p.heads_q == 0) return Status::ok();
+  const Geometry g = MakeGeometry(p, plan);
+  ScratchPtr<int64_t> tiles_before = scratch_array<int64_t>(size_t(p.batch) + 1);
+  if (!tiles_before)
+    return Status::out_of_memory("CPU forward: could not allocate the tile index for batch=" + std::to_string(p.batch));
+  tiles_before[0] = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t sq = sequence(p, b).seqlen_q;
+    tiles_before[b + 1] = tiles_before[b] + (sq + g.pos_per_tile - 1) / g.pos_per_tile * p.heads_kv;
+  }
+  const int64_t n_tiles = tiles_before[p.batch];
+  if (n_tiles == 0) return Status::ok();
+  const int64_t n_tasks = n_tiles * g.splits;
+  const int workers = static_cast<int>(std::min<int64_t>(std::max(plan.workers, 1), n_tasks));
+
+  ScratchPtr<unsigned char> scratch = scratch_array<unsigned char>(g.worker_bytes * size_t(workers));
+  ScratchPtr<float> partials;
+  if (g.splits > 1) partials = scratch_array<float>(size_t(n_tasks) * size_t(g.partial_floats));
+  if (!scratch || (g.splits > 1 && !partials)) {
+    return Status::out_of_memory("CPU forward: could not allocate " +
+                                 std::to_string(g.worker_bytes * size_t(workers) +
+                                                (g.splits > 1 ? size_t(n_tasks * g.partial_floats) * 4 : 0)) +
+                                 " bytes of scratch (workers=" + std::to_string(workers) +
+                                 ", kv_splits=" + std::to_string(g.splits) + ")");
+  }
+  const TileIndex index{&p, &g, tiles_before.get()};
+
+  parallel_for(n_tasks, workers, [&](int64_t task, int worker) {
+    const Scratch w = CarveScratch(g, scratch.get() + size_t(worker) * g.worker_bytes);
+    const int64_t tile_index = task / g.splits, split = task % g.splits;
+    const Tile t = index.Get(tile_index);
+    int64_t u0, u1, nb;
+    PrepareTile(p, g, t, w, &u0, &u1, &nb);
+    RunTileBlocks(p, g, t, u0, u1, nb, split * nb / g.splits, (split + 1) * nb / g.splits, w);
+    if (g.splits == 1) {
+      for (int64_t r = 0; r < t.rows; ++r) WriteRow(p, g, t, r, w.o + r * g.Dvp, w.m[r], w.l[r]);
+      return;
+    }
+    float* part = partials.get() + task * g.partial_floats;
+    std::memcpy(part, w.o, size_t(t.rows * g.Dvp) * sizeof(float));
+    std::memcpy(part + g.rows_max * g.Dvp, w.m, size_t(t.rows) * sizeof(float));
+    std::memcpy(part + g.rows_max * g.Dvp + g.rows_max, w.l, size_t(t.rows) * sizeof(float));
+  });
+  if (g.splits == 1) return Status::ok();
+
+  // Merge the splits of each tile in split order (fixed, so the result is the same for any
+  // thread count), with the header's merge rule.
+  parallel_for(n_tiles, workers, [&](int64_t tile_index, int worker) {
+    const DF df;
+    const Scratch w = CarveScratch(g, scratch.get() + size_t(worker) * g.worker_bytes);
+    const Tile t = index.Get(tile_index);
+    const float* first = partials.get() + tile_index * g.splits * g.partial_floats;
+    for (int64_t r = 0; r < t.rows; ++r) {
+      float* o = w.o + r * g.Dvp;
+      std::memcpy(o, first + r * g.Dvp, size_t(g.Dvp) * sizeof(float));
+      float m = first[g.rows_max * g.Dvp + r], l = first[g.rows_max * g.Dvp + g.rows_max + r];
+      for (int64_t s = 1; s < g.splits; ++s) {
+        const float* part = first + s * g.partial_floats;
+        const float m_b = part[g.rows_max * g.Dvp + r], l_b = part[g.rows_max * g.Dvp + g.rows_max + r];
+        const softmax::MergeWeights mw = softmax::merge(m, l, m_b, l_b, [](float x) { return std::exp(x); });
+        const VF wa = hn::Set(df, mw.weight_a), wb = hn::Set(df, mw.weight_b);
+        const float* ob = part + r * g.Dvp;
+        for (int64_t c = 0; c < g.Dvp; c += kLanes)
+          hn::Store(hn::MulAdd(hn::Load(df, ob + c), wb, hn::Mul(hn::Load(df, o + c), wa)), df, o + c);
+        m = mw.m;
+        l = mw.l;
+      }
+      WriteRow(p, g, t, r, o, m, l);
+    }
+  });
+  return Status::ok();
+}
+
+const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
+int TargetBits() { return static_cast<int>(kLanes) * 32; }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace ioattn::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace ioattn::cpu {
+
+HWY_EXPORT(FlashForward);
+HWY_EXPORT(TargetName);
+HWY_EXPORT(TargetBits);
+
+Status flash_forward(const AttnParams& p, const Plan& plan) { return HWY_DYNAMIC_DISPATCH(FlashForward)(p, plan); }
+
+std::string flash_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+int flash_target_bits() { return HWY_DYNAMIC_DISPATCH(TargetBits)(); }
+
+}  // namespace ioattn::cpu
+#endif  // HWY_ONCE

@@ -1,0 +1,41 @@
+// ioattn::cpu::forward: plan, then the Highway kernel (cpu/flash_kernel.cc).
+#include <algorithm>
+#include <cstdlib>
+
+#include "common/hardware.h"
+#include "common/problem.h"
+#include "cpu/cpu_backend.h"
+#include "cpu/flash_kernel.h"
+
+namespace ioattn::cpu {
+
+Plan plan_for_params(const AttnParams& p) {
+  const int threads = p.num_threads > 0 ? p.num_threads : default_threads();
+  Plan plan = plan_cpu(problem_of(p), detect_host(), threads);
+  if (p.tiling.block_q > 0) plan.block_q = p.tiling.block_q;
+  if (p.tiling.block_kv > 0) plan.block_kv = p.tiling.block_kv;
+  if (p.tiling.kv_splits > 0) plan.kv_splits = p.tiling.kv_splits;
+  if (p.tiling.block_q > 0 || p.tiling.kv_splits > 0) {
+    const int64_t group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
+    const int64_t rows_per_tile = std::max<int64_t>(1, plan.block_q / group) * group;
+    const int64_t q_blocks = (group * p.seqlen_q + rows_per_tile - 1) / rows_per_tile;
+    plan.work_items = p.batch * p.heads_kv * q_blocks * plan.kv_splits;
+    plan.workers = int(std::max<int64_t>(1, std::min<int64_t>(threads, plan.work_items)));
+  }
+  return plan;
+}
+
+Status forward(const AttnParams& p) { return flash_forward(p, plan_for_params(p)); }
+
+std::string dispatch_target_name() { return flash_target_name(); }
+
+int default_threads() {
+  if (const char* env = std::getenv("IOATTN_NUM_THREADS")) {
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && n >= 1 && n <= 4096) return int(n);
+  }
+  return std::max(1, detect_host().cores);
+}
+
+}  // namespace ioattn::cpu
