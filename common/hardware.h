@@ -19,6 +19,10 @@ struct MemoryLevel {
   int line_bytes = 64;         // cache line or sector transfer size
   double bandwidth_gbs = 0;    // sustained read bandwidth into the level above, whole chip
   std::string source;          // where the figures came from (datasheet URL, sysfs, measured)
+  // Instances that each cache their own copy of data read by all cores: A100/H100 L2 is two
+  // partitions, each caching for the SMs wired to it, so data every SM reads occupies both and
+  // the capacity it sees is size_bytes / partitions.
+  int partitions = 1;
 };
 
 struct HardwareProfile {
@@ -60,5 +64,17 @@ bool load_profile_file(const std::string& path, HardwareProfile* out, std::strin
 
 // JSON text of a profile (the schema load_profile_file reads).
 std::string profile_to_json(const HardwareProfile& hw);
+
+// Parses JSON text in the schema of profiles.json (one profile object); `origin` names the
+// text in messages (a file name, "built-in").
+bool parse_profile_json(const std::string& text, const std::string& origin, HardwareProfile* out,
+                        std::string* error);
+
+// Fills GPU fields from CUDA device 0 (cudaGetDeviceProperties). Implemented in gpu/ in CUDA
+// builds; builds without CUDA return false.
+bool query_cuda_device(HardwareProfile* out);
+
+// The names find_profile accepts: "host" then the built-ins, comma separated.
+std::string profile_names();
 
 }  // namespace ioattn

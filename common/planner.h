@@ -28,11 +28,35 @@ struct Plan {
   std::string target_level;        // the level the working set is fitted to ("L2", "smem")
   int64_t target_level_bytes = 0;  // the capacity it was fitted against (per worker share)
   std::string rationale;           // one sentence: why this level and these blocks
+  bool supported = true;  // false: no kernel of this build runs this shape (the figures are what it would need)
+  int64_t units = 0;      // independent K/V streams: batch * kv heads (CPU, GQA-packed) or batch * q heads (GPU)
+  int64_t rows_per_unit = 0;  // query rows one unit owns: (Hq/Hkv) * Sq on the CPU, Sq on the GPU
+  int ctas_per_sm = 0;        // GPU: resident CTAs per SM (shared memory and register limits)
 };
 
 // threads: 0 means the profile's core count.
 Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads = 0);
 Plan plan_gpu(const Problem& pr, const HardwareProfile& hw);
 Plan plan_for(const Problem& pr, const HardwareProfile& hw, int threads = 0);
+
+// Bytes one CPU worker keeps live: packed fp32 Q block, K and V blocks, score/P block, O
+// accumulator, and the running max and sum (8 B per row).
+int64_t cpu_working_set_bytes(int64_t block_q, int64_t block_kv, int64_t head_dim_padded, int64_t head_dim_v_padded);
+
+// The fraction of the target level a CPU plan may fill; the rest is for the output rows,
+// the K/V rows being packed and the hardware prefetchers' streams.
+inline constexpr double kCpuCacheFill = 0.75;
+
+// FlashAttention-1's rule (arXiv 2205.14135, Algorithm 1): with on-chip memory of M elements,
+// Bc = ceil(M / 4d) and Br = min(Bc, d), so the Q, K, V and O blocks each take at most ~M/4.
+struct PaperBlocks {
+  int64_t block_q;   // Br
+  int64_t block_kv;  // Bc
+};
+PaperBlocks flash1_paper_blocks(int64_t sram_elements, int64_t head_dim);
+
+// The memory level a CPU plan targets and the per-worker capacity it was fitted against.
+const MemoryLevel& cpu_target_level(const HardwareProfile& hw);
+int64_t cpu_target_capacity(const HardwareProfile& hw);
 
 }  // namespace ioattn

@@ -17,6 +17,7 @@ struct Problem {
   DType kv_dtype = DType::f32;  // k and v
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
+  bool with_lse = false;  // the call writes the fp32 log-sum-exp (B * Hq * Sq * 4 bytes)
 };
 
 // The problem a validated request describes (longest sequence for varlen / KV cache).

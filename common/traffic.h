@@ -15,6 +15,9 @@ struct BoundaryTraffic {
   std::string name;  // "L1d-L2", "L2-L3", "L3-DRAM", "smem-L2", "L2-HBM"
   double flash_bytes = 0;
   double standard_bytes = 0;
+  // The same totals split by direction: reads into the inner level, writes out of it.
+  double flash_read_bytes = 0, flash_write_bytes = 0;
+  double standard_read_bytes = 0, standard_write_bytes = 0;
 };
 
 struct TrafficReport {
@@ -27,6 +30,21 @@ struct TrafficReport {
   double flash_roofline_s = 0, standard_roofline_s = 0;
 };
 
+// What standard attention does with the score matrix S, in units of one fp32 S (B*Hq*Sq*Sk*4
+// bytes) moved per pass over it.
+struct StandardPasses {
+  double s_reads = 2;   // the project's baseline: softmax reads S, the PV sgemm reads P
+  double s_writes = 2;  // the QK^T sgemm writes S, the in-place softmax writes P
+  std::string name = "baseline (sgemm QK^T -> S fp32, in-place softmax, sgemm PV)";
+};
+
+// PyTorch's unfused MATH path on CUDA (f16/bf16 upcast to fp32, softmax, the _safe_softmax
+// masking passes): calibrated on ANCHORS.md's three Nsight Compute measurements, which show
+// 5.36-5.5 reads and 3.7-3.8 writes of an fp32 S; see docs/model.md.
+StandardPasses pytorch_math_passes();
+
 TrafficReport predict_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw);
+TrafficReport predict_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw,
+                              const StandardPasses& standard);
 
 }  // namespace ioattn

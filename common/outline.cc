@@ -1,0 +1,143 @@
+#include "common/outline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace ioattn {
+namespace {
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+int64_t ceil_div(int64_t a, int64_t b) { return b > 0 ? (a + b - 1) / b : 0; }
+
+// Largest finite value of the storage type: what an unshifted exp would have to stay under.
+const char* dtype_range(DType t) {
+  return t == DType::f16 ? "65504 (f16)" : t == DType::bf16 ? "3.4e38 (bf16)" : "3.4e38 (f32)";
+}
+
+}  // namespace
+
+std::string format_bytes(double bytes) {
+  static const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::fabs(bytes) >= 1024.0 && u < 4) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  return fmt("%.4g", bytes) + " " + units[u];
+}
+
+std::string format_ratio(double standard_bytes, double flash_bytes) {
+  if (!(flash_bytes > 0)) return "n/a";
+  return fmt("%.3g", standard_bytes / flash_bytes) + "x";
+}
+
+DesignOutline designOutline(const Problem& pr, const Plan& plan, const HardwareProfile& hw) {
+  const TrafficReport t = predict_traffic(pr, plan, hw);
+  DesignOutline o;
+  const bool gpu = plan.backend == Backend::cuda;
+
+  std::string traffic = "Predicted bytes per boundary on " + hw.name + ", flash vs standard (S and P materialized in fp32):";
+  for (const BoundaryTraffic& b : t.levels) {
+    traffic += " " + b.name + " " + format_bytes(b.flash_bytes) + " vs " + format_bytes(b.standard_bytes) + " (" +
+               format_ratio(b.standard_bytes, b.flash_bytes) + ");";
+  }
+  const double s_bytes = double(pr.batch * pr.heads_q) * double(pr.seqlen_q) * double(pr.seqlen_k) * 4.0;
+  traffic += " the score matrix alone is " + format_bytes(s_bytes) + ", which flash attention never writes; it keeps " +
+             std::string(gpu ? "each CTA's" : "each worker's") + " " + num(plan.block_q) + "x" + num(plan.block_kv) +
+             " score tile in " + plan.target_level + ".";
+  o.memoryTraffic = traffic;
+
+  const int64_t rows = plan.rows_per_unit;
+  const int64_t q_blocks = ceil_div(rows, plan.block_q);
+  if (gpu) {
+    o.tiling = "block_q=" + num(plan.block_q) + ", block_kv=" + num(plan.block_kv) + " (" + num(plan.warps) + " warps, " +
+               num(plan.stages) + " K/V stages, head dim padded to " + num(plan.head_dim_padded) + ") from the constexpr " +
+               "tile table: the Q tile plus the K/V stages take " + format_bytes(double(plan.working_set_bytes)) + " of the " +
+               format_bytes(double(plan.target_level_bytes)) + " shared memory per block, so " + num(plan.ctas_per_sm) +
+               " CTAs fit per SM and " + num(plan.workers) + " of the " + num(plan.work_items) + " CTAs run at once on " +
+               num(hw.cores) + " SMs; kv_splits=" + num(plan.kv_splits) + ".";
+  } else {
+    o.tiling = "block_q=" + num(plan.block_q) + " rows x block_kv=" + num(plan.block_kv) + " keys, head dim padded to " +
+               num(plan.head_dim_padded) + ": the packed fp32 Q, K, V, score and O blocks take " +
+               format_bytes(double(plan.working_set_bytes)) + ", fitted to " + fmt("%.0f", kCpuCacheFill * 100) +
+               "% of the " + format_bytes(double(plan.target_level_bytes)) + " per-core " + plan.target_level +
+               "; both blocks are multiples of the " + num(plan.reg_rows) + "x" + num(plan.reg_cols) +
+               " register tile; " + num(plan.work_items) + " tasks (kv_splits=" + num(plan.kv_splits) + ") on " +
+               num(plan.workers) + " workers.";
+  }
+
+  const double scale = 1.0 / std::sqrt(double(std::max<int64_t>(pr.head_dim, 1)));
+  const int64_t kv_blocks = ceil_div(pr.seqlen_k, plan.block_kv);
+  o.numericalStability =
+      "Scores are scaled by 1/sqrt(" + num(pr.head_dim) + ") = " + fmt("%.4g", scale) + " and each row keeps a running max m " +
+      "over its visible keys, so every exponent is exp(s - m) <= 1 and cannot overflow, however large the " +
+      std::string(dtype_name(pr.dtype)) + " inputs (up to " + dtype_range(pr.dtype) + "); inputs are widened to fp32 " +
+      "before the dot products, and the row sum l and the O accumulator stay in fp32 over all " + num(pr.seqlen_k) +
+      " keys; when the max grows, O and l are rescaled by exp(m_old - m_new) at most once per key block (" +
+      num(kv_blocks) + " blocks of " + num(plan.block_kv) + "), and O is divided by l once at the end" +
+      (plan.kv_splits > 1 ? "; the " + num(plan.kv_splits) + " key splits merge their (O, m, l) partials with the same rescaling" : "") +
+      "; a row with no visible key gives 0 and lse -inf, never NaN.";
+
+  const BoundaryTraffic& off = t.levels.back();
+  const double kv_head = double(pr.seqlen_k) * double(pr.head_dim + pr.head_dim_v) * dtype_bytes(pr.kv_dtype);
+  const double s_head = double(pr.seqlen_q) * double(pr.seqlen_k) * 4.0;
+  const MemoryLevel& last_cache = hw.levels[hw.levels.size() - 2];
+  const double cache_share = double(last_cache.size_bytes) / std::max(1, std::min(last_cache.shared_by, plan.workers));
+  std::string trade = "Each unit's K/V (" + format_bytes(kv_head) + " per head) is re-read from " + plan.target_level +
+                      " or beyond once per query block, " + num(q_blocks) + " times for " + num(rows) +
+                      " rows; the forward pass recomputes nothing, but the per-block rescaling costs " +
+                      fmt("%.3g", 100.0 / std::max(1, plan.block_kv)) + "% extra work per score. ";
+  if (off.standard_bytes <= off.flash_bytes * 1.05) {
+    trade += "Here the standard path moves about as few off-chip bytes (" + format_bytes(off.standard_bytes) + " vs " +
+             format_bytes(off.flash_bytes) + ") because the " + format_bytes(s_head) + " score matrix of a head stays in the " +
+             format_bytes(cache_share) + " " + last_cache.name + " share, and two tuned GEMMs can then beat the fused kernel.";
+  } else {
+    trade += "The standard path would win only while a head's score matrix (" + format_bytes(s_head) + " here) fits the " +
+             format_bytes(cache_share) + " " + last_cache.name + " share, i.e. Sq*Sk <= " + fmt("%.4g", cache_share / 4) +
+             "; at this size it moves " + format_ratio(off.standard_bytes, off.flash_bytes) + " the off-chip bytes.";
+  }
+  o.tradeoff = trade;
+
+  if (gpu) {
+    o.failureMode = "The tile needs " + format_bytes(double(plan.working_set_bytes)) + " of shared memory per block: on a GPU " +
+                    "with less than that opt-in (this profile has " + format_bytes(double(plan.target_level_bytes)) +
+                    ") the kernel cannot launch, and below " + format_bytes(2.0 * double(plan.working_set_bytes)) +
+                    " per SM only one CTA fits and latency hiding halves; if the L2 holds less than the active heads' K/V (" +
+                    format_bytes(kv_head * std::max(1.0, double(plan.workers) / std::max<int64_t>(1, q_blocks))) +
+                    ", vs " + format_bytes(double(hw.levels[1].size_bytes) / std::max(1, hw.levels[1].partitions)) +
+                    " per partition here) K/V is re-read from " + hw.dram().name + " per query block." +
+                    (plan.supported ? "" : " This shape is not supported by the CUDA build: " + plan.rationale);
+  } else {
+    // The same plan on this hardware with the target level at half the working set.
+    HardwareProfile small = hw;
+    const double half_ws = double(plan.working_set_bytes) / 2;
+    size_t target_index = 0;
+    for (size_t i = 0; i + 1 < small.levels.size(); ++i) {
+      if (small.levels[i].name == plan.target_level) target_index = i;
+    }
+    small.levels[target_index].size_bytes = int64_t(half_ws) * small.levels[target_index].shared_by;
+    const TrafficReport spilled = predict_traffic(pr, plan, small);
+    const size_t boundary = std::min(target_index, t.levels.size() - 1);
+    const BoundaryTraffic& spill_boundary = t.levels[boundary];
+    const double spilled_bytes = spilled.levels[boundary].flash_bytes;
+    o.failureMode = "The working set of " + format_bytes(double(plan.working_set_bytes)) + " assumes a " +
+                    format_bytes(double(plan.target_level_bytes)) + " per-core " + plan.target_level +
+                    "; if the real one is smaller than " + format_bytes(double(plan.working_set_bytes)) +
+                    " (or the profile is wrong about sharing), the K/V, score and O blocks spill on every step and the " +
+                    spill_boundary.name + " traffic rises from " + format_bytes(spill_boundary.flash_bytes) + " to " +
+                    format_bytes(spilled_bytes) + " (this model with a " + format_bytes(half_ws) + " " + plan.target_level +
+                    "); with " + num(plan.workers) + " workers the " + last_cache.name + " must also hold " +
+                    format_bytes(kv_head * plan.workers) + " of K/V to read it from " + hw.dram().name + " only once.";
+  }
+  return o;
+}
+
+}  // namespace ioattn

@@ -1,0 +1,250 @@
+#include "common/planner.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "common/cpu_tiles.h"
+#include "common/gpu_tiles.h"
+
+namespace ioattn {
+namespace {
+
+// Hopper's opt-in maximum per thread block (227 KiB); every table entry must fit it, or the
+// kernel instantiated from the table could not launch on the machine we build for.
+constexpr int64_t kMaxSmemPerBlock = 227 * 1024;
+constexpr int kGpuHeadDims[] = {64, 96, 128, 256};
+constexpr bool gpu_table_fits() {
+  for (int d : kGpuHeadDims) {
+    const GpuTile t = gpu_tile(d);
+    if (!t.supported || gpu_tile_smem_bytes(t, d) > kMaxSmemPerBlock) return false;
+  }
+  return true;
+}
+static_assert(gpu_table_fits(), "a gpu_tile() entry needs more than 227 KiB of shared memory per block");
+
+// 256 keys per step: the per-block softmax work (row max, rescale of the O accumulator: ~Dv
+// FLOP per row) is then under 1/256 of the block's 2*(D+Dv) FLOP per key, and the score row
+// (1 KiB) still fits L1 next to the register tile's operands.
+constexpr int64_t kKvBlockTarget = 256;
+// When the query rows are exhausted, leftover cache goes to longer key blocks, up to 1024 keys:
+// beyond that the rescale is already negligible and a longer block only delays the first exp.
+constexpr int64_t kKvBlockMax = 1024;
+// A key-axis split (flash-decoding) keeps at least 4 key blocks, so the (O, m, l) partial merge
+// (one O row per split) stays small next to the split's own work.
+constexpr int64_t kMinKvBlocksPerSplit = 4;
+// FlashAttention-style CUDA kernels hold the O accumulator and score fragments in registers and
+// compile to the 255-register ceiling; that bounds resident CTAs as much as shared memory does.
+constexpr int kGpuRegsPerThread = 255;
+constexpr int kGpuMaxThreadsPerSm = 2048;
+constexpr int64_t kGpuSmemReservedPerBlock = 1024;  // the runtime's per-CTA reservation (sm_80+)
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t m) { return ceil_div(a, m) * m; }
+
+std::string kib(int64_t bytes) {
+  char buf[64];
+  if (bytes >= (int64_t(1) << 20) && bytes % (int64_t(1) << 20) == 0) {
+    std::snprintf(buf, sizeof buf, "%lld MiB", (long long)(bytes >> 20));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", double(bytes) / 1024.0);
+  }
+  return buf;
+}
+
+// kv_splits depends on the problem and the profile's core/SM count only, never on the thread
+// count, so the merge order (and so every output bit) is the same for any number of threads.
+int split_keys(int64_t tasks, int64_t cores, int64_t seqlen_k, int64_t block_kv) {
+  if (tasks <= 0 || tasks >= cores || seqlen_k <= 0) return 1;
+  const int64_t want = ceil_div(cores, tasks);
+  const int64_t most = std::max<int64_t>(1, ceil_div(seqlen_k, block_kv) / kMinKvBlocksPerSplit);
+  return int(std::min(want, most));
+}
+
+}  // namespace
+
+int64_t cpu_working_set_bytes(int64_t block_q, int64_t block_kv, int64_t dp, int64_t dvp) {
+  return 4 * (block_q * dp + block_kv * dp + block_kv * dvp + block_q * block_kv + block_q * dvp) + 8 * block_q;
+}
+
+PaperBlocks flash1_paper_blocks(int64_t sram_elements, int64_t head_dim) {
+  const int64_t bc = ceil_div(sram_elements, 4 * head_dim);
+  return {std::min(bc, head_dim), bc};
+}
+
+const MemoryLevel& cpu_target_level(const HardwareProfile& hw) {
+  if (const MemoryLevel* l2 = hw.level("L2")) return *l2;
+  // No level named L2: the second level if it is a cache, else the first.
+  return hw.levels.size() > 2 ? hw.levels[1] : hw.levels.front();
+}
+
+int64_t cpu_target_capacity(const HardwareProfile& hw) {
+  const MemoryLevel& l = cpu_target_level(hw);
+  return l.size_bytes / std::max(1, l.shared_by);
+}
+
+Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
+  Plan plan;
+  plan.backend = Backend::cpu;
+  plan.hardware = hw.name;
+  const int lanes = std::max(4, hw.simd_bits / 32);
+  const CpuRegisterTile tile = cpu_register_tile(hw.simd_bits);
+  plan.reg_rows = tile.rows;
+  plan.reg_cols = tile.vecs * lanes;
+  const int64_t dp = round_up(std::max<int64_t>(pr.head_dim, 1), lanes);
+  const int64_t dvp = round_up(std::max<int64_t>(pr.head_dim_v, 1), lanes);
+  plan.head_dim_padded = int(dp);
+
+  const MemoryLevel& target = cpu_target_level(hw);
+  plan.target_level = target.name;
+  plan.target_level_bytes = cpu_target_capacity(hw);
+  const int64_t budget = int64_t(kCpuCacheFill * double(plan.target_level_bytes));
+
+  // GQA packing: the G query heads of one KV head share its K/V blocks, so they are rows of one
+  // unit; decode (Sq = 1) then still fills the register tile's rows.
+  const int64_t group = pr.heads_kv > 0 ? pr.heads_q / pr.heads_kv : 1;
+  plan.units = pr.batch * pr.heads_kv;
+  plan.rows_per_unit = group * pr.seqlen_q;
+  const int64_t rr = plan.reg_rows, rc = plan.reg_cols;
+  const int64_t rows_cap = round_up(std::max<int64_t>(plan.rows_per_unit, 1), rr);
+  const int64_t keys_cap = round_up(std::max<int64_t>(pr.seqlen_k, 1), rc);
+  const int cores = std::max(1, hw.cores);
+  // With fewer units than cores, cap block_q so each unit offers ceil(cores / units) query blocks.
+  int64_t q_limit = rows_cap;
+  if (plan.units > 0 && plan.units < cores) {
+    q_limit = std::min(q_limit, round_up(ceil_div(rows_cap, ceil_div(cores, plan.units)), rr));
+  }
+
+  // ws(bq, bkv) is linear in each block: solve for the largest multiple of the register tile.
+  auto max_bq = [&](int64_t bkv) {
+    const int64_t fixed = 4 * bkv * (dp + dvp), per_row = 4 * (dp + bkv + dvp) + 8;
+    return budget > fixed ? (budget - fixed) / per_row / rr * rr : 0;
+  };
+  auto max_bkv = [&](int64_t bq) {
+    const int64_t fixed = bq * (4 * (dp + dvp) + 8), per_key = 4 * (dp + dvp + bq);
+    return budget > fixed ? (budget - fixed) / per_key / rc * rc : 0;
+  };
+  int64_t bkv = std::min(keys_cap, std::max(rc, kKvBlockTarget / rc * rc));
+  int64_t bq;
+  std::string why;
+  if (max_bq(bkv) < rr) {
+    // Not even one register-tile of rows fits next to a full key block: shorten the key block.
+    bq = rr;
+    bkv = std::max(rc, std::min(bkv, max_bkv(bq)));
+    why = "the cache is too small for a " + std::to_string(kKvBlockTarget) + "-key block at this head dim, so block_kv shrinks";
+  } else {
+    bq = std::min(q_limit, max_bq(bkv));
+    why = bq == q_limit ? (q_limit < rows_cap ? "block_q is capped so that every core gets a query block"
+                                              : "block_q covers all the rows of a unit")
+                        : "block_q is as large as fits, minimizing K/V re-reads";
+    if (bq == q_limit) {
+      const int64_t grown = std::min({keys_cap, std::max(kKvBlockMax / rc * rc, bkv), max_bkv(bq)});
+      if (grown > bkv) {
+        bkv = grown;
+        why += ", and the leftover cache lengthens block_kv";
+      }
+    }
+  }
+  plan.block_q = int(bq);
+  plan.block_kv = int(bkv);
+  plan.working_set_bytes = cpu_working_set_bytes(bq, bkv, dp, dvp);
+
+  const int64_t q_blocks = plan.rows_per_unit > 0 ? ceil_div(plan.rows_per_unit, bq) : 0;
+  const int64_t tasks = plan.units * q_blocks;
+  plan.kv_splits = split_keys(tasks, cores, pr.seqlen_k, bkv);
+  plan.work_items = tasks * plan.kv_splits;
+  const int requested = threads > 0 ? threads : cores;
+  plan.workers = int(std::max<int64_t>(1, std::min<int64_t>(requested, plan.work_items)));
+
+  plan.rationale = "working set " + kib(plan.working_set_bytes) + " (Q " + std::to_string(bq) + "x" +
+                   std::to_string(dp) + ", K/V " + std::to_string(bkv) + " keys, scores " + std::to_string(bq) +
+                   "x" + std::to_string(bkv) + ", fp32) fits " + std::to_string(int(kCpuCacheFill * 100)) +
+                   "% of the " + kib(plan.target_level_bytes) + " per-core " + plan.target_level + "; " + why +
+                   (plan.kv_splits > 1 ? "; the key axis splits " + std::to_string(plan.kv_splits) +
+                                             " ways so all " + std::to_string(cores) + " cores have work"
+                                       : "");
+  if (plan.working_set_bytes > plan.target_level_bytes) {
+    plan.rationale += "; even the smallest tile overflows " + plan.target_level + " on this profile";
+  }
+  return plan;
+}
+
+Plan plan_gpu(const Problem& pr, const HardwareProfile& hw) {
+  Plan plan;
+  plan.backend = Backend::cuda;
+  plan.hardware = hw.name;
+  plan.reg_rows = 16;  // mma.sync m16n8k16: 16 query rows per warp
+  plan.reg_cols = 8;
+  const int64_t dmax = std::max(pr.head_dim, pr.head_dim_v);
+  int dpad = 0;
+  for (int d : kGpuHeadDims) {
+    if (d >= dmax) {
+      dpad = d;
+      break;
+    }
+  }
+  GpuTile t{};
+  std::string why;
+  const bool exact = pr.head_dim == pr.head_dim_v && gpu_tile(int(pr.head_dim)).supported;
+  if (dpad > 0) {
+    t = gpu_tile(dpad);
+  } else {
+    // Beyond the table: the 256 tile with the head dim rounded to 64, shrunk below to fit.
+    dpad = int(round_up(dmax, 64));
+    t = gpu_tile(256);
+  }
+  plan.supported = exact;
+  if (!exact) {
+    why = "head dim " + std::to_string(pr.head_dim) + (pr.head_dim_v != pr.head_dim ? "/" + std::to_string(pr.head_dim_v) : "") +
+          " has no CUDA instantiation (table: 64, 96, 128, 256), so the backend reports unsupported; figures are for D padded to " +
+          std::to_string(dpad);
+  }
+  const int64_t smem_block = std::max<int64_t>(hw.smem_per_block_bytes, 1);
+  if (gpu_tile_smem_bytes(t, dpad) > smem_block) {
+    plan.supported = false;
+    why += std::string(why.empty() ? "" : "; ") + "the table's tile needs " + kib(gpu_tile_smem_bytes(t, dpad)) +
+           " of shared memory, more than this GPU's " + kib(smem_block) + " per block; figures are for a reduced tile";
+    t.stages = 1;
+    while (gpu_tile_smem_bytes(t, dpad) > smem_block && t.block_kv > 16) t.block_kv /= 2;
+    while (gpu_tile_smem_bytes(t, dpad) > smem_block && t.block_q > 16) t.block_q /= 2;
+  }
+  plan.block_q = t.block_q;
+  plan.block_kv = t.block_kv;
+  plan.warps = t.warps;
+  plan.stages = t.stages;
+  plan.head_dim_padded = dpad;
+  plan.working_set_bytes = gpu_tile_smem_bytes(t, dpad);
+  plan.target_level = "smem";
+  plan.target_level_bytes = hw.smem_per_block_bytes;
+
+  const int64_t smem_sm = hw.levels.front().size_bytes;
+  const int threads_per_cta = t.warps * 32;
+  const int64_t by_smem = smem_sm / (plan.working_set_bytes + kGpuSmemReservedPerBlock);
+  const int64_t by_threads = kGpuMaxThreadsPerSm / threads_per_cta;
+  const int64_t by_regs = hw.regs_per_sm > 0 ? hw.regs_per_sm / (threads_per_cta * kGpuRegsPerThread) : by_threads;
+  plan.ctas_per_sm = int(std::max<int64_t>(1, std::min({by_smem, by_threads, by_regs})));
+
+  // One CTA per (batch, q head, query block), as in FlashAttention-2: no GQA packing on the GPU.
+  plan.units = pr.batch * pr.heads_q;
+  plan.rows_per_unit = pr.seqlen_q;
+  const int64_t q_blocks = pr.seqlen_q > 0 ? ceil_div(pr.seqlen_q, plan.block_q) : 0;
+  const int64_t tasks = plan.units * q_blocks;
+  plan.kv_splits = split_keys(tasks, hw.cores, pr.seqlen_k, plan.block_kv);
+  plan.work_items = tasks * plan.kv_splits;
+  plan.workers = int(std::max<int64_t>(1, std::min<int64_t>(int64_t(hw.cores) * plan.ctas_per_sm, plan.work_items)));
+
+  plan.rationale = "tile " + std::to_string(plan.block_q) + "x" + std::to_string(plan.block_kv) + " from the constexpr table (" +
+                   std::to_string(t.warps) + " warps, " + std::to_string(t.stages) + " K/V stages) needs " +
+                   kib(plan.working_set_bytes) + " of the " + kib(plan.target_level_bytes) +
+                   " shared memory per block, " + std::to_string(plan.ctas_per_sm) + " CTAs per SM" +
+                   (plan.kv_splits > 1 ? "; the key axis splits " + std::to_string(plan.kv_splits) + " ways to fill " +
+                                             std::to_string(hw.cores) + " SMs"
+                                       : "") +
+                   (why.empty() ? "" : "; " + why);
+  return plan;
+}
+
+Plan plan_for(const Problem& pr, const HardwareProfile& hw, int threads) {
+  return hw.kind == DeviceKind::gpu ? plan_gpu(pr, hw) : plan_cpu(pr, hw, threads);
+}
+
+}  // namespace ioattn

@@ -1,0 +1,281 @@
+#include "common/traffic.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/masking.h"
+
+namespace ioattn {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// How the query blocks of one unit (a K/V stream: one kv head on the CPU, one q head on the
+// GPU) walk the key axis. Rows are position-major: with GQA packing, row r is query position
+// r / group of head r % group, so a block covers positions [r0 / group, (r1 - 1) / group].
+struct UnitWalk {
+  int64_t q_blocks = 0;     // blocks with at least one visible key
+  int64_t steps = 0;        // (query block, key block) pairs visited
+  int64_t kv_rows_sum = 0;  // key rows loaded, summed over the query blocks
+  int64_t kv_rows_union = 0;  // distinct key rows any block loads
+};
+
+UnitWalk walk_unit(const Problem& pr, int64_t rows, int64_t group, int64_t bq, int64_t bkv) {
+  UnitWalk w;
+  const int64_t right = effective_window_right(pr.causal, pr.window_right);
+  int64_t union_begin = pr.seqlen_k, union_end = 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += bq) {
+    const int64_t p0 = r0 / group, p1 = (std::min(rows, r0 + bq) - 1) / group;
+    // The band's ends are monotone in the query position, so the block's keys run from the
+    // first row's begin to the last row's end.
+    const int64_t begin = visible_keys(p0, pr.seqlen_q, pr.seqlen_k, pr.window_left, right).begin;
+    const int64_t end = visible_keys(p1, pr.seqlen_q, pr.seqlen_k, pr.window_left, right).end;
+    if (end <= begin) continue;
+    const int64_t kb0 = begin / bkv, kb1 = ceil_div(end, bkv);
+    const int64_t first = kb0 * bkv, last = std::min(pr.seqlen_k, kb1 * bkv);
+    ++w.q_blocks;
+    w.steps += kb1 - kb0;
+    w.kv_rows_sum += last - first;
+    union_begin = std::min(union_begin, first);
+    union_end = std::max(union_end, last);
+  }
+  w.kv_rows_union = std::max<int64_t>(0, union_end - union_begin);
+  return w;
+}
+
+struct Sizes {
+  double q, o, lse;      // compulsory bytes of the whole problem
+  double kv_row;         // bytes of one key row plus one value row, storage dtype
+  double s_fp32;         // one fp32 score matrix for all heads
+  double s_head;         // one fp32 score matrix of one (batch, q head)
+};
+
+Sizes sizes_of(const Problem& pr) {
+  Sizes s;
+  const double bh = double(pr.batch) * double(pr.heads_q);
+  s.q = bh * double(pr.seqlen_q) * double(pr.head_dim) * dtype_bytes(pr.dtype);
+  s.o = bh * double(pr.seqlen_q) * double(pr.head_dim_v) * dtype_bytes(pr.dtype);
+  s.lse = pr.with_lse ? bh * double(pr.seqlen_q) * 4.0 : 0.0;
+  s.kv_row = double(pr.head_dim + pr.head_dim_v) * dtype_bytes(pr.kv_dtype);
+  s.s_head = double(pr.seqlen_q) * double(pr.seqlen_k) * 4.0;
+  s.s_fp32 = bh * s.s_head;
+  return s;
+}
+
+void set(BoundaryTraffic* b, double fr, double fw, double sr, double sw) {
+  b->flash_read_bytes = fr;
+  b->flash_write_bytes = fw;
+  b->standard_read_bytes = sr;
+  b->standard_write_bytes = sw;
+  b->flash_bytes = fr + fw;
+  b->standard_bytes = sr + sw;
+}
+
+// Capacity a level offers to data that all cores read (see MemoryLevel::partitions).
+double shared_capacity(const MemoryLevel& l) { return double(l.size_bytes) / std::max(1, l.partitions); }
+
+// ---- CPU ----------------------------------------------------------------------------------
+// Flash, innermost boundary (L1d-L2), per (query block, key block) step of one worker: the
+// source K/V rows are read and packed to fp32; Q K^T streams whichever operand does not stay in
+// L1 once per register strip of the other; the score block is written, read and rewritten as P
+// by the softmax unless it fits L1; P V likewise; the O accumulator is read and written once
+// per step unless it fits L1. Anything that fits in half of L1 (the other half holds the
+// micro-kernel's streaming operand) crosses once.
+double cpu_flash_scratch_step(const Plan& plan, const Problem& pr, const HardwareProfile& hw, double level_bytes) {
+  const double lanes = std::max(4, hw.simd_bits / 32);
+  const double dp = plan.head_dim_padded;
+  const double dvp = std::ceil(double(pr.head_dim_v) / lanes) * lanes;
+  const double bq = plan.block_q, bkv = plan.block_kv, rr = plan.reg_rows, rc = plan.reg_cols;
+  const double half = level_bytes / 2;
+  const double k_blk = bkv * dp * 4, v_blk = bkv * dvp * 4, q_blk = bq * dp * 4;
+  const double s_blk = bq * bkv * 4, o_blk = bq * dvp * 4;
+  double bytes = 0;
+  if (k_blk + v_blk > half) bytes += k_blk + v_blk;  // the packed copies spill once
+  bytes += k_blk + rr * dp * 4 <= half ? k_blk
+                                       : std::min(std::ceil(bq / rr) * k_blk + q_blk, std::ceil(bkv / rc) * q_blk + k_blk);
+  if (s_blk > half) bytes += 3 * s_blk;
+  bytes += v_blk + rr * dvp * 4 <= half ? v_blk
+                                        : std::min(std::ceil(bq / rr) * v_blk + s_blk, std::ceil(dvp / rc) * s_blk + v_blk);
+  if (o_blk > half) bytes += 2 * o_blk;
+  return bytes;
+}
+
+TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw, const StandardPasses& sp) {
+  TrafficReport rep;
+  const Sizes sz = sizes_of(pr);
+  const int64_t group = pr.heads_kv > 0 ? pr.heads_q / pr.heads_kv : 1;
+  const int64_t rows = group * pr.seqlen_q;
+  const UnitWalk w = walk_unit(pr, rows, group, std::max(1, plan.block_q), std::max(1, plan.block_kv));
+  const double units = double(pr.batch) * double(pr.heads_kv);
+  const double splits = std::max(1, plan.kv_splits);
+  // A split re-reads its query block and writes an (O, m, l) partial that the merge reads back.
+  const double q_flash = sz.q * splits;
+  const double partials = splits > 1 ? 2.0 * units * double(rows) * splits * (double(pr.head_dim_v) + 2) * 4 : 0.0;
+  const double kv_streamed = units * double(w.kv_rows_sum) * sz.kv_row;  // K/V once per query block
+  const double kv_once = units * double(w.kv_rows_union) * sz.kv_row;    // K/V once per unit
+  const double kv_unit = double(w.kv_rows_union) * sz.kv_row / splits;   // one worker's slice
+  const double workers = std::max(1, plan.workers);
+
+  // Standard: one (batch, q head) per worker at a time, S of that head materialized.
+  const double kv_head = double(pr.seqlen_k) * sz.kv_row;
+  const double kv_std_per_qhead = double(pr.batch) * double(pr.heads_q) * kv_head;
+  const double kv_std_per_kvhead = double(pr.batch) * double(pr.heads_kv) * kv_head;
+
+  double prev_flash_kv = kv_streamed, prev_std_kv = kv_std_per_qhead;
+  for (size_t b = 0; b + 1 < hw.levels.size(); ++b) {
+    const MemoryLevel& inner = hw.levels[b];
+    BoundaryTraffic bt;
+    bt.name = inner.name + "-" + hw.levels[b + 1].name;
+    const double sharing = std::min<double>(inner.shared_by, workers);
+    const double cap = shared_capacity(inner);
+    double fr, fw;
+    if (b == 0) {
+      const double per_unit_steps = double(w.steps);
+      const double avg_rows = w.steps > 0 ? double(w.kv_rows_sum) / double(w.steps) : 0.0;
+      fr = q_flash + units * per_unit_steps *
+                         (avg_rows * sz.kv_row + cpu_flash_scratch_step(plan, pr, hw, double(inner.size_bytes)));
+      fw = sz.o + sz.lse + partials / 2;
+      fr += partials / 2;
+    } else {
+      // The K/V slices of the units being processed concurrently (one per worker sharing this
+      // level), next to each worker's scratch, either stay here across the unit's query blocks
+      // or stream in again for each block.
+      const bool resident = sharing * (kv_unit + double(plan.working_set_bytes)) <= cap;
+      const double kv = std::min(prev_flash_kv, resident ? kv_once : kv_streamed);
+      prev_flash_kv = kv;
+      fr = q_flash + kv + partials / 2;
+      fw = sz.o + sz.lse + partials / 2;
+      // A working set larger than this level's per-worker share spills: its per-step traffic
+      // then crosses this boundary as it crosses L1d-L2.
+      if (double(plan.working_set_bytes) > cap / sharing) {
+        fr += units * double(w.steps) * cpu_flash_scratch_step(plan, pr, hw, cap / sharing);
+      }
+    }
+    // Standard: S of one head per worker; if those (and the head's K/V) fit this level, the S
+    // passes stay inside it; K/V of a kv head is read once for its G q heads if it stays.
+    const bool s_resident = sharing * (sz.s_head + kv_head) <= cap;
+    const double s_reads = s_resident ? 0.0 : sp.s_reads * sz.s_fp32;
+    const double s_writes = s_resident ? 0.0 : sp.s_writes * sz.s_fp32;
+    const bool kv_resident = sharing * kv_head <= cap;
+    const double kv_std = std::min(prev_std_kv, kv_resident ? kv_std_per_kvhead : kv_std_per_qhead);
+    prev_std_kv = kv_std;
+    set(&bt, fr, fw, sz.q + kv_std + s_reads, sz.o + sz.lse + s_writes);
+    rep.levels.push_back(bt);
+  }
+  return rep;
+}
+
+// ---- GPU ----------------------------------------------------------------------------------
+TrafficReport gpu_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw, const StandardPasses& sp) {
+  TrafficReport rep;
+  const Sizes sz = sizes_of(pr);
+  const UnitWalk w = walk_unit(pr, pr.seqlen_q, 1, std::max(1, plan.block_q), std::max(1, plan.block_kv));
+  const double splits = std::max(1, plan.kv_splits);
+  const double units = double(pr.batch) * double(pr.heads_q) * splits;  // one K/V stream each
+  const double q_flash = sz.q * splits;
+  const double partials = splits > 1 ? 2.0 * double(pr.batch * pr.heads_q * pr.seqlen_q) * splits * (double(pr.head_dim_v) + 2) * 4 : 0.0;
+  const double kv_per_cta_sum = double(pr.batch * pr.heads_q) * double(w.kv_rows_sum) * sz.kv_row;
+  const double kv_unit = double(w.kv_rows_union) * sz.kv_row / splits;
+  const double kv_once = units * kv_unit;
+
+  // smem-L2: every CTA loads its Q tile once and every visible K/V block once; O (and LSE) go
+  // out once. Standard: the two GEMMs on 128x128 output tiles re-read their operands once per
+  // tile row/column, and every pass over S goes through.
+  BoundaryTraffic inner;
+  inner.name = hw.levels[0].name + "-" + hw.levels[1].name;
+  const double bh = double(pr.batch * pr.heads_q);
+  const double tiles_q = std::ceil(double(pr.seqlen_q) / 128), tiles_k = std::ceil(double(pr.seqlen_k) / 128);
+  const double eb = dtype_bytes(pr.dtype), kb = dtype_bytes(pr.kv_dtype);
+  const double gemm_reads = bh * (double(pr.seqlen_q) * pr.head_dim * eb * tiles_k +
+                                  double(pr.seqlen_k) * pr.head_dim * kb * tiles_q +
+                                  double(pr.seqlen_k) * pr.head_dim_v * kb * tiles_q);
+  set(&inner, q_flash + kv_per_cta_sum + partials / 2, sz.o + sz.lse + partials / 2,
+      gemm_reads + sp.s_reads * sz.s_fp32, sz.o + sz.lse + sp.s_writes * sz.s_fp32);
+  rep.levels.push_back(inner);
+
+  // L2-HBM. The L2 keeps one copy per partition of data every SM reads, so K/V sees
+  // cap = size / partitions. CTAs run in waves of `workers` resident CTAs in grid order (query
+  // block fastest, as FlashAttention-2's grid): the heads of one wave share their K/V in L2 if
+  // it fits (W <= cap). A head whose CTAs straddle a wave boundary needs its K/V again in the
+  // next wave; it is still there only if the wave's other K/V plus the wave's Q/O traffic fit.
+  const MemoryLevel& l2 = hw.levels[1];
+  const double cap = shared_capacity(l2);
+  const double resident = std::max(1, plan.workers);
+  const double q_blocks = std::max<int64_t>(1, w.q_blocks);
+  const double total_ctas = units * q_blocks;
+  const double w_active = std::min(units, std::max(1.0, resident / q_blocks)) * kv_unit;
+  const double qo_wave = resident * plan.block_q * double(pr.head_dim + pr.head_dim_v) * eb;
+  double kv_reads;
+  if (sz.q + kv_once + sz.o <= cap) {
+    kv_reads = kv_once;
+  } else {
+    // Waves spanned, summed over units: one per unit plus one per wave boundary that cuts a
+    // unit's run of CTAs.
+    double waves_spanned = units;
+    for (double k = 1; k * resident < total_ctas; ++k) {
+      if (std::fmod(k * resident, q_blocks) != 0) ++waves_spanned;
+    }
+    const double per_wave = w_active + qo_wave <= cap ? kv_once : waves_spanned * kv_unit;
+    if (w_active <= cap) {
+      kv_reads = per_wave;
+    } else {
+      // The wave's K/V does not fit: the fraction cap / W of re-uses hits, the rest is re-read.
+      kv_reads = per_wave + std::max(0.0, kv_per_cta_sum - per_wave) * (1.0 - cap / w_active);
+    }
+  }
+  kv_reads = std::min(kv_reads, kv_per_cta_sum);
+  const double flash_reads = q_flash + kv_reads + partials / 2;
+  // Dirty lines still in L2 when the kernel ends are never written back during it: the
+  // output's share of the traffic stream, applied to the capacity, stays behind.
+  const double out_bytes = sz.o + sz.lse + partials / 2;
+  const double dirty_end = std::min(out_bytes, cap * out_bytes / (flash_reads + out_bytes));
+  const double flash_writes = out_bytes - dirty_end;
+
+  // Standard on the GPU: each pass is a kernel over all heads, so S stays in L2 only if the
+  // whole S does.
+  const bool s_resident = sz.s_fp32 <= cap;
+  const double std_kv = double(pr.batch * pr.heads_q) * double(pr.seqlen_k) * sz.kv_row;
+  const double std_reads = sz.q + std_kv + (s_resident ? 0.0 : sp.s_reads * sz.s_fp32);
+  const double std_out = sz.o + sz.lse + (s_resident ? 0.0 : sp.s_writes * sz.s_fp32);
+  const double std_dirty = std::min(std_out, cap * std_out / (std_reads + std_out));
+  BoundaryTraffic outer;
+  outer.name = l2.name + "-" + hw.levels.back().name;
+  set(&outer, flash_reads, flash_writes, std_reads, std_out - std_dirty);
+  rep.levels.push_back(outer);
+  return rep;
+}
+
+}  // namespace
+
+StandardPasses pytorch_math_passes() {
+  StandardPasses p;
+  p.s_reads = 5.45;
+  p.s_writes = 3.71;
+  p.name = "PyTorch MATH (calibrated on the H=16, S=4096, D=128 Nsight Compute measurement)";
+  return p;
+}
+
+TrafficReport predict_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw) {
+  return predict_traffic(pr, plan, hw, StandardPasses{});
+}
+
+TrafficReport predict_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw,
+                              const StandardPasses& standard) {
+  TrafficReport rep = hw.kind == DeviceKind::gpu && hw.levels.size() >= 3 ? gpu_traffic(pr, plan, hw, standard)
+                                                                          : cpu_traffic(pr, plan, hw, standard);
+  rep.hardware = hw.name;
+  if (!rep.levels.empty()) {
+    rep.flash_dram_bytes = rep.levels.back().flash_bytes;
+    rep.standard_dram_bytes = rep.levels.back().standard_bytes;
+  }
+  rep.flops = forward_flops(pr);
+  double peak_gflops = hw.fma_gflops_per_core * hw.cores;
+  if (hw.kind == DeviceKind::gpu && pr.dtype != DType::f32 && hw.tensor_tflops > 0) peak_gflops = hw.tensor_tflops * 1e3;
+  const double bw = hw.dram().bandwidth_gbs * 1e9;
+  const double compute_s = peak_gflops > 0 ? rep.flops / (peak_gflops * 1e9) : 0.0;
+  rep.flash_roofline_s = std::max(compute_s, bw > 0 ? rep.flash_dram_bytes / bw : 0.0);
+  rep.standard_roofline_s = std::max(compute_s, bw > 0 ? rep.standard_dram_bytes / bw : 0.0);
+  return rep;
+}
+
+}  // namespace ioattn
