@@ -90,18 +90,28 @@ DesignOutline designOutline(const Problem& pr, const Plan& plan, const HardwareP
   const double kv_head = double(pr.seqlen_k) * double(pr.head_dim + pr.head_dim_v) * dtype_bytes(pr.kv_dtype);
   const double s_head = double(pr.seqlen_q) * double(pr.seqlen_k) * 4.0;
   const MemoryLevel& last_cache = hw.levels[hw.levels.size() - 2];
-  const double cache_share = double(last_cache.size_bytes) / std::max(1, std::min(last_cache.shared_by, plan.workers));
-  std::string trade = "Each unit's K/V (" + format_bytes(kv_head) + " per head) is re-read from " + plan.target_level +
-                      " or beyond once per query block, " + num(q_blocks) + " times for " + num(rows) +
-                      " rows; the forward pass recomputes nothing, but the per-block rescaling costs " +
-                      fmt("%.3g", 100.0 / std::max(1, plan.block_kv)) + "% extra work per score. ";
+  // The standard path's S stays on chip when it fits the last cache: on a CPU one head's S per
+  // worker sharing it; on a GPU (one kernel per pass over all heads) the whole S in one partition.
+  const double cache_share =
+      gpu ? double(last_cache.size_bytes) / std::max(1, last_cache.partitions)
+          : double(last_cache.size_bytes) / std::max(1, std::min(last_cache.shared_by, plan.workers));
+  const double s_needed = gpu ? s_bytes : s_head;
+  // Dv multiplies per row per key block against 2 * block_kv * (D + Dv) matmul FLOPs per row.
+  const double rescale_pct = 100.0 * double(pr.head_dim_v) /
+                             (2.0 * std::max(1, plan.block_kv) * double(std::max<int64_t>(1, pr.head_dim + pr.head_dim_v)));
+  std::string trade = "Each unit's K/V (" + format_bytes(kv_head) + " per head) is re-read " +
+                      (gpu ? std::string("from L2 into shared memory") : "from " + plan.target_level + " or beyond") +
+                      " once per query block, " + num(q_blocks) + " times for " + num(rows) +
+                      " rows; the forward pass recomputes nothing, but rescaling O once per key block costs " +
+                      fmt("%.3g", rescale_pct) + "% on top of the matmul FLOPs. ";
   if (off.standard_bytes <= off.flash_bytes * 1.05) {
     trade += "Here the standard path moves about as few off-chip bytes (" + format_bytes(off.standard_bytes) + " vs " +
-             format_bytes(off.flash_bytes) + ") because the " + format_bytes(s_head) + " score matrix of a head stays in the " +
+             format_bytes(off.flash_bytes) + ") because the " + format_bytes(s_needed) + " score matrix stays in the " +
              format_bytes(cache_share) + " " + last_cache.name + " share, and two tuned GEMMs can then beat the fused kernel.";
   } else {
-    trade += "The standard path would win only while a head's score matrix (" + format_bytes(s_head) + " here) fits the " +
-             format_bytes(cache_share) + " " + last_cache.name + " share, i.e. Sq*Sk <= " + fmt("%.4g", cache_share / 4) +
+    trade += std::string("The standard path would win only while ") + (gpu ? "the whole score matrix (" : "a head's score matrix (") +
+             format_bytes(s_needed) + " here) fits the " + format_bytes(cache_share) + " " + last_cache.name + " share, i.e. " +
+             (gpu ? "B*H*Sq*Sk <= " : "Sq*Sk <= ") + fmt("%.4g", cache_share / 4) +
              "; at this size it moves " + format_ratio(off.standard_bytes, off.flash_bytes) + " the off-chip bytes.";
   }
   o.tradeoff = trade;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <numeric>
 
 #include "common/cpu_tiles.h"
 #include "common/gpu_tiles.h"
@@ -22,10 +23,10 @@ constexpr bool gpu_table_fits() {
 }
 static_assert(gpu_table_fits(), "a gpu_tile() entry needs more than 227 KiB of shared memory per block");
 
-// 256 keys per step: the per-block softmax work (row max, rescale of the O accumulator: ~Dv
-// FLOP per row) is then under 1/256 of the block's 2*(D+Dv) FLOP per key, and the score row
-// (1 KiB) still fits L1 next to the register tile's operands.
-constexpr int64_t kKvBlockTarget = 256;
+// 128 keys per step: the per-block rescale of the O accumulator (Dv FLOP per row) is then
+// Dv / (2 * 128 * (D + Dv)) = 1/512 of the block's FLOPs, and a longer key block would only
+// take cache from block_q, whose size divides the K/V re-reads.
+constexpr int64_t kKvBlockTarget = 128;
 // When the query rows are exhausted, leftover cache goes to longer key blocks, up to 1024 keys:
 // beyond that the rescale is already negligible and a longer block only delays the first exp.
 constexpr int64_t kKvBlockMax = 1024;
@@ -104,7 +105,9 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
   const int64_t group = pr.heads_kv > 0 ? pr.heads_q / pr.heads_kv : 1;
   plan.units = pr.batch * pr.heads_kv;
   plan.rows_per_unit = group * pr.seqlen_q;
-  const int64_t rr = plan.reg_rows, rc = plan.reg_cols;
+  // The kernel stacks whole groups of G heads per query position into a tile's rows, so block_q
+  // steps by lcm(reg_rows, G): a multiple of the register tile that is also whole positions.
+  const int64_t rr = std::lcm<int64_t>(plan.reg_rows, std::max<int64_t>(group, 1)), rc = plan.reg_cols;
   const int64_t rows_cap = round_up(std::max<int64_t>(plan.rows_per_unit, 1), rr);
   const int64_t keys_cap = round_up(std::max<int64_t>(pr.seqlen_k, 1), rc);
   const int cores = std::max(1, hw.cores);
@@ -137,7 +140,15 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
                                               : "block_q covers all the rows of a unit")
                         : "block_q is as large as fits, minimizing K/V re-reads";
     if (bq == q_limit) {
-      const int64_t grown = std::min({keys_cap, std::max(kKvBlockMax / rc * rc, bkv), max_bkv(bq)});
+      // Growth stops where the key axis could no longer give every idle core a split of
+      // kMinKvBlocksPerSplit blocks (a limit from the problem and the core count only).
+      int64_t grow_limit = std::max(kKvBlockMax / rc * rc, bkv);
+      const int64_t tasks = plan.units * ceil_div(pr.seqlen_q, std::max<int64_t>(1, bq / std::max<int64_t>(group, 1)));
+      if (tasks > 0 && tasks < cores) {
+        const int64_t want = ceil_div(cores, tasks);
+        grow_limit = std::max(bkv, std::min(grow_limit, ceil_div(pr.seqlen_k, kMinKvBlocksPerSplit * want) / rc * rc));
+      }
+      const int64_t grown = std::min({keys_cap, grow_limit, max_bkv(bq)});
       if (grown > bkv) {
         bkv = grown;
         why += ", and the leftover cache lengthens block_kv";
@@ -148,7 +159,7 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
   plan.block_kv = int(bkv);
   plan.working_set_bytes = cpu_working_set_bytes(bq, bkv, dp, dvp);
 
-  const int64_t q_blocks = plan.rows_per_unit > 0 ? ceil_div(plan.rows_per_unit, bq) : 0;
+  const int64_t q_blocks = plan.rows_per_unit > 0 ? ceil_div(pr.seqlen_q, std::max<int64_t>(1, bq / std::max<int64_t>(group, 1))) : 0;
   const int64_t tasks = plan.units * q_blocks;
   plan.kv_splits = split_keys(tasks, cores, pr.seqlen_k, bkv);
   plan.work_items = tasks * plan.kv_splits;

@@ -11,8 +11,10 @@ namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // How the query blocks of one unit (a K/V stream: one kv head on the CPU, one q head on the
-// GPU) walk the key axis. Rows are position-major: with GQA packing, row r is query position
-// r / group of head r % group, so a block covers positions [r0 / group, (r1 - 1) / group].
+// GPU) walk the key axis. As the CPU kernel packs GQA, a tile holds max(1, block_q / G) query
+// positions times the G heads of the kv head. The CPU kernel cuts a tile's visible key range
+// into blocks aligned to its end (so it reads exactly the visible keys); the CUDA kernel, like
+// FlashAttention-2, aligns key blocks to multiples of block_kv.
 struct UnitWalk {
   int64_t q_blocks = 0;     // blocks with at least one visible key
   int64_t steps = 0;        // (query block, key block) pairs visited
@@ -20,21 +22,26 @@ struct UnitWalk {
   int64_t kv_rows_union = 0;  // distinct key rows any block loads
 };
 
-UnitWalk walk_unit(const Problem& pr, int64_t rows, int64_t group, int64_t bq, int64_t bkv) {
+UnitWalk walk_unit(const Problem& pr, int64_t group, int64_t bq, int64_t bkv, bool align_to_end) {
   UnitWalk w;
   const int64_t right = effective_window_right(pr.causal, pr.window_right);
+  const int64_t positions = std::max<int64_t>(1, bq / std::max<int64_t>(group, 1));
   int64_t union_begin = pr.seqlen_k, union_end = 0;
-  for (int64_t r0 = 0; r0 < rows; r0 += bq) {
-    const int64_t p0 = r0 / group, p1 = (std::min(rows, r0 + bq) - 1) / group;
+  for (int64_t p0 = 0; p0 < pr.seqlen_q; p0 += positions) {
+    const int64_t p1 = std::min(pr.seqlen_q, p0 + positions) - 1;
     // The band's ends are monotone in the query position, so the block's keys run from the
-    // first row's begin to the last row's end.
+    // first position's begin to the last position's end.
     const int64_t begin = visible_keys(p0, pr.seqlen_q, pr.seqlen_k, pr.window_left, right).begin;
     const int64_t end = visible_keys(p1, pr.seqlen_q, pr.seqlen_k, pr.window_left, right).end;
     if (end <= begin) continue;
-    const int64_t kb0 = begin / bkv, kb1 = ceil_div(end, bkv);
-    const int64_t first = kb0 * bkv, last = std::min(pr.seqlen_k, kb1 * bkv);
+    int64_t first = begin, last = end, blocks = ceil_div(end - begin, bkv);
+    if (!align_to_end) {
+      first = begin / bkv * bkv;
+      last = std::min(pr.seqlen_k, ceil_div(end, bkv) * bkv);
+      blocks = ceil_div(end, bkv) - begin / bkv;
+    }
     ++w.q_blocks;
-    w.steps += kb1 - kb0;
+    w.steps += blocks;
     w.kv_rows_sum += last - first;
     union_begin = std::min(union_begin, first);
     union_end = std::max(union_end, last);
@@ -76,8 +83,8 @@ double shared_capacity(const MemoryLevel& l) { return double(l.size_bytes) / std
 
 // ---- CPU ----------------------------------------------------------------------------------
 // Flash, innermost boundary (L1d-L2), per (query block, key block) step of one worker: the
-// source K/V rows are read and packed to fp32; Q K^T streams whichever operand does not stay in
-// L1 once per register strip of the other; the score block is written, read and rewritten as P
+// source K/V rows are read and packed to fp32; Q K^T streams K once per query panel; P V
+// streams whichever operand does not stay in L1 once per register strip of the other; the score block is written, read and rewritten as P
 // by the softmax unless it fits L1; P V likewise; the O accumulator is read and written once
 // per step unless it fits L1. Anything that fits in half of L1 (the other half holds the
 // micro-kernel's streaming operand) crosses once.
@@ -91,8 +98,9 @@ double cpu_flash_scratch_step(const Plan& plan, const Problem& pr, const Hardwar
   const double s_blk = bq * bkv * 4, o_blk = bq * dvp * 4;
   double bytes = 0;
   if (k_blk + v_blk > half) bytes += k_blk + v_blk;  // the packed copies spill once
-  bytes += k_blk + rr * dp * 4 <= half ? k_blk
-                                       : std::min(std::ceil(bq / rr) * k_blk + q_blk, std::ceil(bkv / rc) * q_blk + k_blk);
+  // S^T = K Q^T as the CPU kernel runs it: one panel of reg_cols query rows stays in L1 while
+  // the K block streams past it, once per panel.
+  bytes += k_blk + rc * dp * 4 <= half ? k_blk + q_blk : std::ceil(bq / rc) * k_blk + q_blk;
   if (s_blk > half) bytes += 3 * s_blk;
   bytes += v_blk + rr * dvp * 4 <= half ? v_blk
                                         : std::min(std::ceil(bq / rr) * v_blk + s_blk, std::ceil(dvp / rc) * s_blk + v_blk);
@@ -105,7 +113,7 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   const Sizes sz = sizes_of(pr);
   const int64_t group = pr.heads_kv > 0 ? pr.heads_q / pr.heads_kv : 1;
   const int64_t rows = group * pr.seqlen_q;
-  const UnitWalk w = walk_unit(pr, rows, group, std::max(1, plan.block_q), std::max(1, plan.block_kv));
+  const UnitWalk w = walk_unit(pr, group, std::max(1, plan.block_q), std::max(1, plan.block_kv), true);
   const double units = double(pr.batch) * double(pr.heads_kv);
   const double splits = std::max(1, plan.kv_splits);
   // A split re-reads its query block and writes an (O, m, l) partial that the merge reads back.
@@ -154,12 +162,23 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
     // Standard: S of one head per worker; if those (and the head's K/V) fit this level, the S
     // passes stay inside it; K/V of a kv head is read once for its G q heads if it stays.
     const bool s_resident = sharing * (sz.s_head + kv_head) <= cap;
+    // At L1d-L2 the two GEMMs also stream their L2-resident operand through L1 once per
+    // register-tile panel of the other (GotoBLAS blocking), as the flash kernel's tiles do.
+    double gemm_l1 = 0;
+    if (b == 0) {
+      const double sq = double(pr.seqlen_q), sk = double(pr.seqlen_k), d = double(pr.head_dim), dv = double(pr.head_dim_v);
+      const double rr = std::max(1, plan.reg_rows), rc = std::max(1, plan.reg_cols);
+      auto gemm = [&](double m, double n, double k) {
+        return 4.0 * std::min(m * k * std::ceil(n / rc) + k * n, k * n * std::ceil(m / rr) + m * k);
+      };
+      gemm_l1 = double(pr.batch) * double(pr.heads_q) * (gemm(sq, sk, d) + gemm(sq, dv, sk));
+    }
     const double s_reads = s_resident ? 0.0 : sp.s_reads * sz.s_fp32;
     const double s_writes = s_resident ? 0.0 : sp.s_writes * sz.s_fp32;
     const bool kv_resident = sharing * kv_head <= cap;
     const double kv_std = std::min(prev_std_kv, kv_resident ? kv_std_per_kvhead : kv_std_per_qhead);
     prev_std_kv = kv_std;
-    set(&bt, fr, fw, sz.q + kv_std + s_reads, sz.o + sz.lse + s_writes);
+    set(&bt, fr, fw, sz.q + kv_std + s_reads + gemm_l1, sz.o + sz.lse + s_writes);
     rep.levels.push_back(bt);
   }
   return rep;
@@ -169,7 +188,7 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
 TrafficReport gpu_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw, const StandardPasses& sp) {
   TrafficReport rep;
   const Sizes sz = sizes_of(pr);
-  const UnitWalk w = walk_unit(pr, pr.seqlen_q, 1, std::max(1, plan.block_q), std::max(1, plan.block_kv));
+  const UnitWalk w = walk_unit(pr, 1, std::max(1, plan.block_q), std::max(1, plan.block_kv), false);
   const double splits = std::max(1, plan.kv_splits);
   const double units = double(pr.batch) * double(pr.heads_q) * splits;  // one K/V stream each
   const double q_flash = sz.q * splits;
