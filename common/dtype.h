@@ -35,14 +35,22 @@ inline uint16_t f32_to_bf16(float f) {
 }
 
 // GCC >= 12 and Clang implement _Float16 on x86-64 and AArch64 with IEEE round-to-nearest-even
-// conversions (F16C / FP16 instructions where present, a libgcc routine otherwise).
+// conversions (F16C / FP16 instructions where present, a libgcc routine otherwise). Clang 14
+// (Debian 12's, which builds the fuzzers) lacks _Float16 on x86-64; its storage-only __fp16
+// converts with the same rounding through compiler-rt's __gnu_f2h_ieee / __gnu_h2f_ieee, so
+// such builds link with --rtlib=compiler-rt (fuzz/CMakeLists.txt does).
+#if defined(__clang__) && __clang_major__ < 15 && defined(__x86_64__)
+using HalfStorage = __fp16;
+#else
+using HalfStorage = _Float16;
+#endif
 inline float f16_to_f32(uint16_t bits) {
-  _Float16 h;
+  HalfStorage h;
   std::memcpy(&h, &bits, 2);
   return float(h);
 }
 inline uint16_t f32_to_f16(float f) {
-  _Float16 h = static_cast<_Float16>(f);
+  HalfStorage h = static_cast<HalfStorage>(f);
   uint16_t bits;
   std::memcpy(&bits, &h, 2);
   return bits;

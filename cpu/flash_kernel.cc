@@ -319,7 +319,7 @@ void SoftmaxBlock(const Tile& t, int64_t nk, float scale, float softcap, const S
       }
       hn::Store(s, df, sp);
       mx = hn::Max(mx, s);
-      saw_nan = hn::Or(saw_nan, hn::VecFromMask(df, hn::Ne(s, s)));
+      saw_nan = hn::Or(saw_nan, hn::VecFromMask(df, hn::IsNaN(s)));
     }
     // NaN is never masked away (x86 max drops it, hwy::Exp maps it to 0), and an infinite
     // score makes the reference's exp(inf - inf) NaN: both make the row's max NaN, which the
@@ -530,7 +530,7 @@ Status FlashForward(const AttnParams& p, const Plan& plan) {
   const Geometry g = MakeGeometry(p, plan);
   ScratchPtr<int64_t> tiles_before = scratch_array<int64_t>(size_t(p.batch) + 1);
   if (!tiles_before)
-    return Status::out_of_memory("CPU forward: could not allocate the tile index for batch=" + std::to_string(p.batch));
+    return Status::out_of_memory("CPU forward: could not allocate the tile-index scratch for batch=" + std::to_string(p.batch));
   tiles_before[0] = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t sq = sequence(p, b).seqlen_q;

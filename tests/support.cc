@@ -257,6 +257,15 @@ Verdict check_against_reference(const AttnCase& c, const AttnBuffers& bufs) {
   return v;
 }
 
+Verdict run_random_case(const AttnCase& c, uint32_t seed, Status* status, float stddev) {
+  std::mt19937 rng(seed);
+  AttnBuffers bufs(c);
+  bufs.randomize(rng, stddev);
+  *status = run_cpu_kernel(c, bufs);
+  if (!status->is_ok()) return Verdict{};
+  return check_against_reference(c, bufs);
+}
+
 std::vector<int64_t> compiled_targets() { return hwy::SupportedAndGeneratedTargets(); }
 
 std::string target_name(int64_t target) { return hwy::TargetName(target); }

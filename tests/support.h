@@ -125,6 +125,10 @@ struct Verdict {
 
 Verdict check_against_reference(const AttnCase& c, const AttnBuffers& bufs);
 
+// Fills the case's inputs with normal values (seeded), NaN-fills the outputs, runs the CPU kernel
+// and checks it; *status receives the kernel's status (the verdict is empty when it failed).
+Verdict run_random_case(const AttnCase& c, uint32_t seed, Status* status, float stddev = 1.f);
+
 // Relative size of one ulp at magnitude 1 in a storage dtype: 2^-23, 2^-10, 2^-7.
 double dtype_epsilon(DType t);
 
