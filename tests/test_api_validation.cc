@@ -107,6 +107,8 @@ TEST_CASE("dense rejections name the argument and write nothing", "[api]") {
        "opt.num_threads=-3"},
       {"huge head dim on CPU",
        [](Dense& d) {
+         static std::vector<float> wide(1024, 0.f);
+         d.tq.data = d.tk.data = wide.data();
          d.tq.head_dim = d.tk.head_dim = 1024;
          d.tq.stride_seq = d.tq.stride_batch = d.tk.stride_seq = d.tk.stride_batch = 0;
          d.tq.stride_head = d.tk.stride_head = 0;

@@ -101,7 +101,6 @@ void run_kvcache_case(const KvCase& c, std::mt19937& rng) {
   for (auto& l : cached) l = len_dist(rng) % 4 == 0 ? int32_t(len_dist(rng) % 2) : int32_t(len_dist(rng));
   const int64_t smax = *std::max_element(cached.begin(), cached.end()) + c.snew + 3;
   const int64_t row = c.hkv * c.d;
-  const int64_t elem = ioattn::dtype_bytes(c.cache_dtype);
   const bool paged = c.page_size > 0;
 
   // Pages: each sequence gets ceil(total / page_size) pages from a shuffled pool that also holds
@@ -113,7 +112,7 @@ void run_kvcache_case(const KvCase& c, std::mt19937& rng) {
     for (int32_t l : cached) max_pages = std::max(max_pages, (l + c.snew + c.page_size - 1) / c.page_size);
     max_pages = std::max<int64_t>(max_pages, 1);
     num_pages = c.batch * max_pages + 3;
-    std::vector<int32_t> pool(size_t(num_pages));
+    std::vector<int32_t> pool(static_cast<size_t>(num_pages));
     std::iota(pool.begin(), pool.end(), 0);
     std::shuffle(pool.begin(), pool.end(), rng);
     table.assign(size_t(c.batch * max_pages), -1);

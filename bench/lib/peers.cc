@@ -1,1 +1,0 @@
-#include "bench/lib/peers.h"
