@@ -310,10 +310,6 @@ bool find_profile(const std::string& name, HardwareProfile* out, std::string* er
   return false;
 }
 
-#if !IOATTN_HAVE_CUDA
-bool query_cuda_device(HardwareProfile*) { return false; }
-#endif
-
 bool detect_gpu(HardwareProfile* out) {
   HardwareProfile hw;
   if (!query_cuda_device(&hw)) return false;

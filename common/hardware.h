@@ -70,8 +70,8 @@ std::string profile_to_json(const HardwareProfile& hw);
 bool parse_profile_json(const std::string& text, const std::string& origin, HardwareProfile* out,
                         std::string* error);
 
-// Fills GPU fields from CUDA device 0 (cudaGetDeviceProperties). Implemented in gpu/ in CUDA
-// builds; builds without CUDA return false.
+// Fills GPU fields from CUDA device 0 (cudaGetDeviceProperties). Implemented in gpu/device.cu
+// in CUDA builds and gpu/gpu_unavailable.cc (returns false) otherwise.
 bool query_cuda_device(HardwareProfile* out);
 
 // The names find_profile accepts: "host" then the built-ins, comma separated.
