@@ -212,7 +212,7 @@ Plan plan_gpu(const Problem& pr, const HardwareProfile& hw) {
   const int64_t smem_block = std::max<int64_t>(hw.smem_per_block_bytes, 1);
   if (gpu_tile_smem_bytes(t, dpad) > smem_block) {
     plan.supported = false;
-    why += std::string(why.empty() ? "" : "; ") + "the table's tile needs " + kib(gpu_tile_smem_bytes(t, dpad)) +
+    why += std::string(why.empty() ? "" : "; ") + "unsupported on this GPU: the table's tile needs " + kib(gpu_tile_smem_bytes(t, dpad)) +
            " of shared memory, more than this GPU's " + kib(smem_block) + " per block; figures are for a reduced tile";
     t.stages = 1;
     while (gpu_tile_smem_bytes(t, dpad) > smem_block && t.block_kv > 16) t.block_kv /= 2;
