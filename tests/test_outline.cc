@@ -1,0 +1,116 @@
+// The design outline: every field carries this plan's own figures, formatted by the one helper.
+#include <cmath>
+#include <cstdio>
+
+#include "common/outline.h"
+#include "tests/catch.h"
+
+using namespace ioattn;
+
+namespace {
+
+HardwareProfile profile(const std::string& name) {
+  HardwareProfile hw;
+  std::string error;
+  REQUIRE(find_profile(name, &hw, &error));
+  return hw;
+}
+
+Problem make(int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d, DType t) {
+  Problem p;
+  p.heads_q = hq;
+  p.heads_kv = hkv;
+  p.seqlen_q = sq;
+  p.seqlen_k = sk;
+  p.head_dim = p.head_dim_v = d;
+  p.dtype = p.kv_dtype = t;
+  return p;
+}
+
+bool has(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("format_bytes and format_ratio") {
+  CHECK(format_bytes(512) == "512 B");
+  CHECK(format_bytes(512 * 1024) == "512 KiB");
+  CHECK(format_bytes(1.5 * 1024 * 1024) == "1.5 MiB");
+  CHECK(format_bytes(50.0 * 1024 * 1024) == "50 MiB");
+  CHECK(format_bytes(390464) == "381.3 KiB");
+  CHECK(format_ratio(33, 1) == "33x");
+  CHECK(format_ratio(1, 0) == "n/a");
+}
+
+TEST_CASE("each outline field names this plan's figures") {
+  const struct {
+    const char* hw;
+    Problem pr;
+  } cases[] = {
+      {"zen3", make(16, 16, 4096, 4096, 128, DType::f32)},
+      {"h200-sxm", make(16, 16, 4096, 4096, 128, DType::bf16)},
+      {"spr-xeon", make(32, 8, 1, 16384, 128, DType::f16)},
+      {"rpi5", make(8, 8, 512, 512, 64, DType::f16)},
+  };
+  for (const auto& c : cases) {
+    const HardwareProfile hw = profile(c.hw);
+    const Problem& pr = c.pr;
+    const Plan plan = plan_for(pr, hw);
+    const TrafficReport t = predict_traffic(pr, plan, hw);
+    const DesignOutline o = designOutline(pr, plan, hw);
+    INFO(c.hw << "\n" << o.memoryTraffic << "\n" << o.tiling << "\n" << o.numericalStability << "\n" << o.tradeoff << "\n"
+              << o.failureMode);
+
+    for (const BoundaryTraffic& b : t.levels) {
+      CHECK(has(o.memoryTraffic, b.name + " " + format_bytes(b.flash_bytes) + " vs " + format_bytes(b.standard_bytes)));
+      CHECK(has(o.memoryTraffic, format_ratio(b.standard_bytes, b.flash_bytes)));
+    }
+    CHECK(has(o.memoryTraffic, format_bytes(double(pr.heads_q) * double(pr.seqlen_q) * double(pr.seqlen_k) * 4)));
+
+    CHECK(has(o.tiling, "block_q=" + std::to_string(plan.block_q)));
+    CHECK(has(o.tiling, "block_kv=" + std::to_string(plan.block_kv)));
+    CHECK(has(o.tiling, format_bytes(double(plan.working_set_bytes))));
+    CHECK(has(o.tiling, format_bytes(double(plan.target_level_bytes))));
+    CHECK(has(o.tiling, "kv_splits=" + std::to_string(plan.kv_splits)));
+
+    char scale[32];
+    std::snprintf(scale, sizeof scale, "%.4g", 1.0 / std::sqrt(double(pr.head_dim)));
+    CHECK(has(o.numericalStability, scale));
+    CHECK(has(o.numericalStability, dtype_name(pr.dtype)));
+    CHECK(has(o.numericalStability, "fp32"));
+    CHECK(has(o.numericalStability, std::to_string(pr.seqlen_k) + " keys"));
+    CHECK(has(o.numericalStability, "blocks of " + std::to_string(plan.block_kv)));
+    if (plan.kv_splits > 1) CHECK(has(o.numericalStability, std::to_string(plan.kv_splits) + " key splits"));
+
+    const int64_t q_blocks = (plan.rows_per_unit + plan.block_q - 1) / plan.block_q;
+    CHECK(has(o.tradeoff, std::to_string(q_blocks) + " times"));
+    const double kv_head = double(pr.seqlen_k) * double(pr.head_dim + pr.head_dim_v) * dtype_bytes(pr.kv_dtype);
+    CHECK(has(o.tradeoff, format_bytes(kv_head)));
+    CHECK(has(o.tradeoff, format_bytes(t.levels.back().flash_bytes)) ==
+          (t.levels.back().standard_bytes <= t.levels.back().flash_bytes * 1.05));
+
+    CHECK(has(o.failureMode, format_bytes(double(plan.working_set_bytes))));
+    CHECK(has(o.failureMode, format_bytes(double(plan.target_level_bytes))));
+  }
+}
+
+TEST_CASE("the CPU failure mode quotes the model's traffic with the target level halved") {
+  const HardwareProfile zen3 = profile("zen3");
+  const Problem pr = make(16, 16, 4096, 4096, 128, DType::f32);
+  const Plan plan = plan_cpu(pr, zen3);
+  HardwareProfile small = zen3;
+  small.levels[1].size_bytes = plan.working_set_bytes / 2;
+  const TrafficReport spilled = predict_traffic(pr, plan, small);
+  const TrafficReport normal = predict_traffic(pr, plan, zen3);
+  CHECK(spilled.levels[1].flash_bytes > normal.levels[1].flash_bytes);
+  const DesignOutline o = designOutline(pr, plan, zen3);
+  CHECK(has(o.failureMode, "L2-L3 traffic rises from " + format_bytes(normal.levels[1].flash_bytes) + " to " +
+                               format_bytes(spilled.levels[1].flash_bytes)));
+}
+
+TEST_CASE("an unsupported GPU shape says so in the failure mode") {
+  const HardwareProfile h200 = profile("h200-sxm");
+  const Problem pr = make(16, 16, 4096, 4096, 80, DType::bf16);
+  const DesignOutline o = designOutline(pr, plan_gpu(pr, h200), h200);
+  CHECK(has(o.failureMode, "not supported"));
+  CHECK(has(o.failureMode, "96"));
+}
