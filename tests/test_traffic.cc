@@ -161,15 +161,25 @@ TEST_CASE("H200 L2-HBM bytes against Nsight Compute (ANCHORS.md: PyTorch FA2 and
 TEST_CASE("GPU: a problem that fits in L2 reads its inputs once and writes nothing back during the kernel") {
   const HardwareProfile h200 = profile("h200-sxm");
   const Problem pr = make(1, 512, 64, DType::bf16);
-  const TrafficReport r = predict_traffic(pr, plan_gpu(pr, h200), h200);
+  Plan plan = plan_gpu(pr, h200);
+  plan.kv_splits = 1;  // the unsplit kernel; splits add partials (below)
+  const TrafficReport r = predict_traffic(pr, plan, h200);
   const double tensor = 512.0 * 64 * 2;
   const BoundaryTraffic& hbm = boundary(r, "L2-HBM");
   CHECK(hbm.flash_read_bytes == 3 * tensor);
   CHECK(hbm.flash_write_bytes == 0);
-  // smem-L2: 4 query blocks of 128 rows each load all 512 keys and values.
+  // smem-L2: each query block loads all 512 keys and values.
+  const double q_blocks = std::ceil(512.0 / plan.block_q);
   const BoundaryTraffic& smem = boundary(r, "smem-L2");
-  CHECK(smem.flash_read_bytes == tensor + 4 * 2 * tensor);
+  CHECK(smem.flash_read_bytes == tensor + q_blocks * 2 * tensor);
   CHECK(smem.flash_write_bytes == tensor);
+  // Split 4 ways: Q is read by every split, and the (O, m, l) fp32 partials are written and
+  // read back by the merge: 2 * 512 rows * 4 splits * (64 + 2) * 4 B, half each way.
+  plan.kv_splits = 4;
+  const BoundaryTraffic& split = boundary(predict_traffic(pr, plan, h200), "smem-L2");
+  const double partials = 2.0 * 512 * 4 * (64 + 2) * 4;
+  CHECK(split.flash_read_bytes == 4 * tensor + q_blocks * 2 * tensor + partials / 2);
+  CHECK(split.flash_write_bytes == tensor + partials / 2);
 }
 
 TEST_CASE("flops and roofline times") {
