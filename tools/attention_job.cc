@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "common/reference.h"
+#include "cpu/cpu_backend.h"
 #include "tools/cli.h"
 #include "tools/device_buffer.h"
 
@@ -111,16 +112,14 @@ Problem problem_of_job(const ForwardJob& job) {
   return pr;
 }
 
-template <class T>
-void reference_heads(const ForwardJob& job, int64_t head_begin, int64_t head_count, std::vector<T>* out,
-                     std::vector<T>* lse) {
+AttnParams params_for_heads(const ForwardJob& job, int64_t head_begin, int64_t head_count) {
   const HostTensor &q = *job.q, &k = *job.k, &v = *job.v;
   const int64_t group = q.heads / k.heads;
   // A run of whole GQA groups is a smaller problem over the same buffers: offset the pointers to
   // its first query head and first kv head, keep the strides, and kv_head_of() maps within it
   // exactly as in the full problem.
   if (head_begin % group != 0 || head_count % group != 0) {
-    throw internal_error("reference_heads: the head range must cover whole GQA groups");
+    throw internal_error("params_for_heads: the head range must cover whole GQA groups");
   }
   AttnParams p;
   p.q = q.bytes.data() + size_t(head_begin * q.head_dim) * dtype_bytes(q.dtype);
@@ -130,6 +129,7 @@ void reference_heads(const ForwardJob& job, int64_t head_begin, int64_t head_cou
   p.kv_dtype = k.dtype;
   p.batch = q.batch;
   p.heads_q = head_count;
+  p.heads_kv = head_count / group;
   p.head_dim = q.head_dim;
   p.head_dim_v = v.head_dim;
   p.seqlen_q = q.seqlen;
@@ -154,10 +154,16 @@ void reference_heads(const ForwardJob& job, int64_t head_begin, int64_t head_cou
   p.causal = o.causal != 0;
   p.window_left = o.window_left;
   p.window_right = o.window_right;
-  p.num_threads = 1;
-  p.heads_kv = head_count / group;
-  out->assign(size_t(q.batch * q.seqlen * head_count * v.head_dim), T(0));
-  lse->assign(size_t(q.batch * head_count * q.seqlen), T(0));
+  p.num_threads = o.num_threads > 0 ? o.num_threads : cpu::default_threads();
+  return p;
+}
+
+template <class T>
+void reference_heads(const ForwardJob& job, int64_t head_begin, int64_t head_count, std::vector<T>* out,
+                     std::vector<T>* lse) {
+  const AttnParams p = params_for_heads(job, head_begin, head_count);
+  out->assign(size_t(p.batch * p.seqlen_q * head_count * p.head_dim_v), T(0));
+  lse->assign(size_t(p.batch * head_count * p.seqlen_q), T(0));
   naive_attention<T>(p, out->data(), lse->data());
 }
 

@@ -47,6 +47,11 @@ std::string cuda_unavailable_reason();
 // Problem description of a job, for FLOP counts and plans.
 Problem problem_of_job(const ForwardJob& job);
 
+// Params over the job's host buffers for query heads [head_begin, head_begin + head_count), a
+// range of whole GQA groups; out (not set here) is addressed as (B, Sq, n, Dv) contiguous and lse
+// as (B, n, Sq). With the full head range this is the request ioattn_forward resolves.
+AttnParams params_for_heads(const ForwardJob& job, int64_t head_begin, int64_t head_count);
+
 // Reference results for query heads [head_begin, head_begin + head_count): out as (B, Sq, n, Dv)
 // and lse as (B, n, Sq), in double, computed by naive_attention<T> from the same stored inputs.
 template <class T>

@@ -165,12 +165,12 @@ int cmd_hw(int argc, char** argv) {
       }
     }
     char line[512];
-    std::snprintf(line, sizeof line, "%-14s %-3s %5d %-6s %8.1f  %s\n", hw.name.c_str(), device_kind_name(hw.kind),
+    std::snprintf(line, sizeof line, "%-14s %-4s %5d %-8s %9.1f  %s\n", hw.name.c_str(), device_kind_name(hw.kind),
                   hw.cores, hw.kind == DeviceKind::cpu ? hw.simd_target.c_str() : "-",
                   hw.fma_gflops_per_core * hw.cores, levels.c_str());
     return std::string(line) + std::string(15, ' ') + hw.description + "\n";
   };
-  std::printf("%-14s %-3s %5s %-6s %8s  %s\n", "name", "kind", "cores", "simd", "GFLOP/s", "levels (size/shared by)");
+  std::printf("%-14s %-4s %5s %-8s %9s  %s\n", "name", "kind", "cores", "simd", "GFLOP/s", "levels (size/shared by)");
   std::cout << row(host);
   if (have_gpu) std::cout << row(gpu);
   for (const HardwareProfile& hw : builtins) std::cout << row(hw);

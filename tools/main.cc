@@ -25,6 +25,7 @@ constexpr Command kCommands[] = {
     {"traffic", ioattn::cli::cmd_traffic, "predicted bytes per memory boundary, flash vs standard"},
     {"explain", ioattn::cli::cmd_explain, "the design outline of a plan, with its numbers"},
     {"hw", ioattn::cli::cmd_hw, "built-in hardware profiles and the detected host"},
+    {"bench", ioattn::cli::cmd_bench, "flash vs standard attention, measured at one shape"},
 };
 
 void print_usage(std::FILE* to) {
