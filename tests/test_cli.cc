@@ -511,6 +511,7 @@ TEST_CASE("cli: run rejects bad inputs with exit 2, naming the file, creating no
   write_f32(dir / "k_d4.npy", {2, 7, 2, 4}, random_values(2 * 7 * 2 * 4, 5));
   write_f32(dir / "k_h3.npy", {2, 7, 3, 8}, random_values(2 * 7 * 3 * 8, 6));
   write_f32(dir / "v_h3.npy", {2, 7, 3, 8}, random_values(2 * 7 * 3 * 8, 10));
+  REQUIRE(write_npy(dir / "h0.npy", NpyDType::f32, {2, 5, 0, 8}, small.data(), &error));
   write_f32(dir / "k_b1.npy", {1, 7, 2, 8}, random_values(1 * 7 * 2 * 8, 7));
   write_f32(dir / "v_s6.npy", {2, 6, 2, 8}, random_values(2 * 6 * 2 * 8, 8));
   write_f16(dir / "k_f16.npy", {2, 7, 2, 8}, random_values(2 * 7 * 2 * 8, 9));
@@ -521,6 +522,7 @@ TEST_CASE("cli: run rejects bad inputs with exit 2, naming the file, creating no
   expect_usage_error(run_with(dir / "fortran.npy", in.k, in.v), {"--q", "fortran.npy", "fortran_order"});
   expect_usage_error(run_with(dir / "f8.npy", in.k, in.v), {"--q", "f8.npy", "'<f8'"});
   expect_usage_error(run_with(dir / "3d.npy", in.k, in.v), {"--q", "3d.npy", "4 dimensions", "(2, 5, 4)"});
+  expect_usage_error(run_with(dir / "h0.npy", in.k, in.v), {"--q", "h0.npy", "0 heads"});
   expect_usage_error(run_with(in.q, dir / "k_d4.npy", in.v), {"--k", "k_d4.npy", "head dim 4", "8"});
   expect_usage_error(run_with(in.q, dir / "k_h3.npy", dir / "v_h3.npy"), {"--k", "k_h3.npy", "3 kv heads do not divide --q's 4"});
   expect_usage_error(run_with(in.q, dir / "k_h3.npy", in.v), {"--v", "v.npy", "heads 2 differs from --k's 3"});

@@ -36,7 +36,8 @@ HostTensor load_input(const std::string& flag, const std::string& path) {
     throw usage_error(flag + " " + quoted(path) + ": expected 4 dimensions (B, S, H, D), got shape " +
                       shape_str(a.shape));
   }
-  if (a.shape[3] == 0) throw usage_error(flag + " " + quoted(path) + ": head dim (last axis) is 0");
+  if (a.shape[2] == 0) throw usage_error(flag + " " + quoted(path) + ": 0 heads (axis 2)");
+  if (a.shape[3] == 0) throw usage_error(flag + " " + quoted(path) + ": head dim (axis 3) is 0");
   HostTensor t;
   t.dtype = a.dtype == NpyDType::f32 ? DType::f32 : DType::f16;
   t.batch = a.shape[0];
@@ -64,7 +65,6 @@ void check_shapes(const HostTensor& q, const HostTensor& k, const HostTensor& v,
   if (k.head_dim != q.head_dim) fail("--k", kp, "head dim " + n(k.head_dim) + " differs from --q's " + n(q.head_dim));
   if (v.seqlen != k.seqlen) fail("--v", vp, "seqlen " + n(v.seqlen) + " differs from --k's " + n(k.seqlen));
   if (v.heads != k.heads) fail("--v", vp, "heads " + n(v.heads) + " differs from --k's " + n(k.heads));
-  if (k.heads == 0) fail("--k", kp, "has 0 heads");
   if (q.heads % k.heads != 0) {
     fail("--k", kp, n(k.heads) + " kv heads do not divide --q's " + n(q.heads) + " heads (GQA needs Hq % Hkv == 0)");
   }
