@@ -2,6 +2,7 @@
 // runtime (OpenMP, oneTBB or sequential).
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "common/params.h"
@@ -16,6 +17,10 @@ Status forward(const AttnParams& p);
 
 // The plan forward() would run for p (after overrides), for tests, the CLI and benchmarks.
 Plan plan_for_params(const AttnParams& p);
+
+// Scratch bytes forward() allocates for p (beyond the caller's inputs and outputs): what the
+// benchmarks report as the kernel's extra memory.
+size_t scratch_bytes(const AttnParams& p);
 
 // Highway target the dispatcher picks on this machine ("AVX2", "AVX3", "NEON", ...).
 std::string dispatch_target_name();

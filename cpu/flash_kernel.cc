@@ -73,6 +73,16 @@ constexpr CpuRegisterTile kTile = cpu_register_tile(static_cast<int>(kLanes) * 3
 // keep the FMA ports half busy; these keys are a thin edge of the block (the causal diagonal).
 constexpr int kRowVecs = 4;
 
+// Rows [row0, row0 + rows) of a tile, processed together per key block; mp = rows rounded up
+// to the vector (the stride of the panel's S^T). 48 rows: a whole number of the score kernel's
+// row vectors (AVX2 2 x 8, AVX-512 3 x 16) and of the PV kernel's rows (6 or 8).
+struct Panel {
+  int64_t row0, rows, mp;
+};
+constexpr int64_t kPanelRows = 48;
+static_assert(kPanelRows % (kTile.vecs * kLanes) == 0, "panel not a whole score tile");
+static_assert(kPanelRows % kTile.rows == 0, "panel not a whole PV tile");
+
 constexpr int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 constexpr size_t AlignBytes(size_t x) { return (x + 63) / 64 * 64; }
 
@@ -207,8 +217,6 @@ struct Geometry {
   int64_t mp_max = 0;        // rows_max rounded up to the vector: the stride of Q^T panels and S^T
   int64_t block_kv = 0;
   int64_t splits = 1;
-  bool k_in_place = false;  // f32 K: key rows are read from the caller's memory
-  bool v_in_place = false;  // f32 V with Dv a multiple of the vector: likewise
   size_t off[kRegions] = {};
   size_t worker_bytes = 0;
   int64_t partial_floats = 0;  // O (rows_max x Dvp), m and l (rows_max each) of one (tile, split)
@@ -225,18 +233,16 @@ Geometry MakeGeometry(const AttnParams& p, const Plan& plan) {
   g.mp_max = RoundUp(g.rows_max, kLanes);
   g.block_kv = std::max(1, plan.block_kv);
   g.splits = std::max(1, plan.kv_splits);
-  g.k_in_place = p.kv_dtype == DType::f32;
-  g.v_in_place = p.kv_dtype == DType::f32 && g.Dv % kLanes == 0;
   const size_t f = sizeof(float);
   const size_t rows = size_t(g.mp_max), bk = size_t(g.block_kv);
   size_t bytes[kRegions] = {};
   bytes[kQt] = rows * size_t(g.D) * f;
   bytes[kQrow] = size_t(g.D) * f;
-  bytes[kK] = g.k_in_place ? 0 : bk * size_t(g.D) * f;
-  bytes[kV] = g.v_in_place ? 0 : bk * size_t(g.Dvp) * f;
+  bytes[kK] = bk * size_t(g.D) * f;
+  bytes[kV] = bk * size_t(g.Dvp) * f;
   bytes[kKrow] = bk * sizeof(float*);
   bytes[kVrow] = bk * sizeof(float*);
-  bytes[kSt] = bk * rows * f;
+  bytes[kSt] = bk * size_t(kPanelRows) * f;
   bytes[kO] = rows * size_t(g.Dvp) * f;
   for (int r : {kM, kL, kAlpha, kMref, kMblk, kLo, kHi}) bytes[r] = rows * f;
   bytes[kRowLo] = bytes[kRowHi] = rows * sizeof(int64_t);
@@ -299,18 +305,18 @@ struct Tile {
 // then the header's scalar rules give each row its new max and rescale factor; pass 2
 // exponentiates in place (S^T becomes P^T) and accumulates l.
 template <bool kMasked, bool kSoftcap>
-void SoftmaxBlock(const Tile& t, int64_t nk, float scale, float softcap, const Scratch& w) {
+void SoftmaxBlock(const Panel& pn, int64_t nk, float scale, float softcap, const Scratch& w) {
   const DF df;
   const VF vscale = hn::Set(df, scale);
   const VF vcap = hn::Set(df, softcap);
   const VF neg_inf = hn::Set(df, -INFINITY);
   const VF pos_inf = hn::Set(df, INFINITY);
   const VF nan = hn::Set(df, std::numeric_limits<float>::quiet_NaN());
-  for (int64_t r0 = 0; r0 < t.mp; r0 += kLanes) {
+  for (int64_t r0 = pn.row0; r0 < pn.row0 + pn.mp; r0 += kLanes) {
     VF mx = neg_inf, saw_nan = hn::Zero(df);
     const VF lo = hn::Load(df, w.lo + r0), hi = hn::Load(df, w.hi + r0);
     for (int64_t j = 0; j < nk; ++j) {
-      float* sp = w.st + j * t.mp + r0;
+      float* sp = w.st + j * pn.mp + (r0 - pn.row0);
       VF s = hn::Mul(hn::Load(df, sp), vscale);
       if (kSoftcap) s = hn::Mul(vcap, hn::Tanh(df, hn::Div(s, vcap)));
       if (kMasked) {
@@ -327,7 +333,7 @@ void SoftmaxBlock(const Tile& t, int64_t nk, float scale, float softcap, const S
     const auto poisoned = hn::Or(hn::MaskFromVec(saw_nan), hn::Eq(mx, pos_inf));
     hn::Store(hn::IfThenElse(poisoned, nan, mx), df, w.mblk + r0);
   }
-  for (int64_t r = 0; r < t.mp; ++r) {
+  for (int64_t r = pn.row0; r < pn.row0 + pn.mp; ++r) {
     const float m_old = w.m[r], m_blk = w.mblk[r];
     const float m_new = std::isnan(m_old) || std::isnan(m_blk) ? std::numeric_limits<float>::quiet_NaN()
                                                               : std::max(m_old, m_blk);
@@ -335,11 +341,11 @@ void SoftmaxBlock(const Tile& t, int64_t nk, float scale, float softcap, const S
     w.m[r] = m_new;
     w.mref[r] = softmax::max_for_exp(m_new);
   }
-  for (int64_t r0 = 0; r0 < t.mp; r0 += kLanes) {
+  for (int64_t r0 = pn.row0; r0 < pn.row0 + pn.mp; r0 += kLanes) {
     const VF mref = hn::Load(df, w.mref + r0);
     VF sum = hn::Zero(df);
     for (int64_t j = 0; j < nk; ++j) {
-      float* sp = w.st + j * t.mp + r0;
+      float* sp = w.st + j * pn.mp + (r0 - pn.row0);
       const VF pj = hn::Exp(df, hn::Sub(hn::Load(df, sp), mref));
       hn::Store(pj, df, sp);
       sum = hn::Add(sum, pj);
@@ -350,19 +356,19 @@ void SoftmaxBlock(const Tile& t, int64_t nk, float scale, float softcap, const S
 }
 
 // O rows += P V over the block, each row over exactly its visible keys [lo_r, hi_r).
-void AccumulatePv(const Geometry& g, const Tile& t, const Scratch& w) {
+void AccumulatePv(const Geometry& g, const Panel& pn, const Scratch& w) {
   const int64_t vecs_total = g.Dvp / kLanes;
   auto row_range = [&](int64_t r0, int64_t r1, int64_t a, int64_t e) {
     if (a >= e) return;
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t v = 0; v < vecs_total; v += kRowVecs) {
         const int64_t c = std::min<int64_t>(kRowVecs, vecs_total - v);
-        kRowPv[size_t(c - 1)](w.st + r, t.mp, w.vrow, a, e, v * kLanes, w.o + r * g.Dvp + v * kLanes);
+        kRowPv[size_t(c - 1)](w.st + (r - pn.row0), pn.mp, w.vrow, a, e, v * kLanes, w.o + r * g.Dvp + v * kLanes);
       }
     }
   };
-  for (int64_t r0 = 0; r0 < t.rows; r0 += kTile.rows) {
-    const int64_t nr = std::min<int64_t>(kTile.rows, t.rows - r0);
+  for (int64_t r0 = pn.row0; r0 < pn.row0 + pn.rows; r0 += kTile.rows) {
+    const int64_t nr = std::min<int64_t>(kTile.rows, pn.row0 + pn.rows - r0);
     // Keys every row of the group sees: the register tile; the rest row by row.
     int64_t a = 0, e = std::numeric_limits<int64_t>::max();
     bool any_empty = false;
@@ -379,7 +385,7 @@ void AccumulatePv(const Geometry& g, const Tile& t, const Scratch& w) {
     }
     for (int64_t v = 0; v < vecs_total; v += kTile.vecs) {
       const int64_t nc = std::min<int64_t>(kTile.vecs, vecs_total - v);
-      kPv[size_t(nc - 1)][size_t(nr - 1)](w.st + a * t.mp + r0, t.mp, w.vrow + a, e - a, v * kLanes,
+      kPv[size_t(nc - 1)][size_t(nr - 1)](w.st + a * pn.mp + (r0 - pn.row0), pn.mp, w.vrow + a, e - a, v * kLanes,
                                           w.o + r0 * g.Dvp + v * kLanes, g.Dvp);
     }
     for (int64_t r = r0; r < r0 + nr; ++r) {
@@ -389,12 +395,80 @@ void AccumulatePv(const Geometry& g, const Tile& t, const Scratch& w) {
   }
 }
 
+// The caller's K/V rows are usually far apart (stride Hkv x D elements: one 4 KiB page per row
+// at Hkv = 8, D = 128), which defeats the hardware prefetchers' in-page streams, so copying a row
+// would wait a full memory latency. Two software prefetches hide it: while one block's panels
+// compute, the next block's rows are requested a slice per panel (into L2: locality hint 2, so
+// the panels' L1 working set is not evicted), and within the copy loop kPrefetchRows rows ahead
+// (the first block of a tile, which had no predecessor to prefetch it).
+constexpr int64_t kPrefetchRows = 8;
+
+void PrefetchRow(const void* base, int64_t offset, DType type, int64_t n) {
+  const int64_t eb = dtype_bytes(type);
+  const char* row = static_cast<const char*>(base) + offset * eb;
+  for (int64_t byte = 0; byte < n * eb; byte += 64) __builtin_prefetch(row + byte, 0, 2);
+  __builtin_prefetch(row + n * eb - 1, 0, 2);
+}
+
+void PrefetchRows(const AttnParams& p, const Geometry& g, const Tile& t, int64_t j0, int64_t n) {
+  for (int64_t j = j0; j < j0 + n; ++j) {
+    PrefetchRow(p.k, k_offset(p, t.b, t.seq, j, t.hk), p.kv_dtype, g.D);
+    PrefetchRow(p.v, v_offset(p, t.b, t.seq, j, t.hk), p.kv_dtype, g.Dv);
+  }
+}
+
+// Converts keys [j0, j0 + nk) into contiguous f32 rows: K [nk][D], V [nk][Dvp] (zero padded).
+// Contiguous blocks also keep the micro-kernels' streams inside few pages and cache sets.
+void PackBlock(const AttnParams& p, const Geometry& g, const Tile& t, int64_t j0, int64_t nk, const Scratch& w) {
+  PrefetchRows(p, g, t, j0, std::min(kPrefetchRows, nk));
+  for (int64_t j = 0; j < nk; ++j) {
+    if (j + kPrefetchRows < nk) PrefetchRows(p, g, t, j0 + j + kPrefetchRows, 1);
+    RowToF32(p.k, k_offset(p, t.b, t.seq, j0 + j, t.hk), p.kv_dtype, g.D, w.kpack + j * g.D);
+    w.krow[j] = w.kpack + j * g.D;
+    float* dst = w.vpack + j * g.Dvp;
+    RowToF32(p.v, v_offset(p, t.b, t.seq, j0 + j, t.hk), p.kv_dtype, g.Dv, dst);
+    std::fill(dst + g.Dv, dst + g.Dvp, 0.f);
+    w.vrow[j] = dst;
+  }
+}
+
+// One panel of rows against the packed block: S^T = K Q^T, online softmax, rescale, O += P V.
+// The panel's S^T (block_kv x 48 floats: 24 KiB at block_kv = 128) stays in L1 between the three
+// steps, while the tile's Q^T and O are streamed once per block; so block_q (how many rows
+// share one packed K/V block) is not bounded by the size of S^T.
+void RunPanel(const AttnParams& p, const Geometry& g, const Panel& pn, int64_t nk, bool masked, const Scratch& w) {
+  const DF df;
+  const int64_t vec0 = pn.row0 / kLanes, nvec = pn.mp / kLanes;
+  for (int64_t j = 0; j < nk; j += kTile.rows) {
+    const int64_t nr = std::min<int64_t>(kTile.rows, nk - j);
+    for (int64_t c = 0; c < nvec; c += kTile.vecs) {
+      const int64_t nc = std::min<int64_t>(kTile.vecs, nvec - c);
+      kScore[size_t(nc - 1)][size_t(nr - 1)](w.krow + j, w.qt + (vec0 + c) * g.D * kLanes, g.D,
+                                             w.st + j * pn.mp + c * kLanes, pn.mp);
+    }
+  }
+  const bool capped = p.softcap > 0.f;
+  if (masked) {
+    if (capped) SoftmaxBlock<true, true>(pn, nk, p.scale, p.softcap, w);
+    else SoftmaxBlock<true, false>(pn, nk, p.scale, p.softcap, w);
+  } else {
+    if (capped) SoftmaxBlock<false, true>(pn, nk, p.scale, p.softcap, w);
+    else SoftmaxBlock<false, false>(pn, nk, p.scale, p.softcap, w);
+  }
+  for (int64_t r = pn.row0; r < pn.row0 + pn.rows; ++r) {
+    if (w.alpha[r] == 1.f) continue;
+    const VF a = hn::Set(df, w.alpha[r]);
+    float* o = w.o + r * g.Dvp;
+    for (int64_t c = 0; c < g.Dvp; c += kLanes) hn::Store(hn::Mul(hn::Load(df, o + c), a), df, o + c);
+  }
+  AccumulatePv(g, pn, w);
+}
+
 // Runs the blocks [blk_begin, blk_end) of the tile (block k covers keys
 // [max(U0, U1 - (nb - k) * block_kv), U1 - (nb - 1 - k) * block_kv)) and leaves the
 // unnormalized state in w.o, w.m, w.l.
 void RunTileBlocks(const AttnParams& p, const Geometry& g, const Tile& t, int64_t u0, int64_t u1, int64_t nb,
                    int64_t blk_begin, int64_t blk_end, const Scratch& w) {
-  const DF df;
   for (int64_t r = 0; r < t.mp; ++r) {
     w.m[r] = softmax::neg_inf();
     w.l[r] = 0.f;
@@ -404,55 +478,33 @@ void RunTileBlocks(const AttnParams& p, const Geometry& g, const Tile& t, int64_
     const int64_t j1 = u1 - (nb - 1 - k) * g.block_kv;
     const int64_t j0 = std::max(u0, j1 - g.block_kv);
     const int64_t nk = j1 - j0;
-    for (int64_t j = 0; j < nk; ++j) {
-      const int64_t ko = k_offset(p, t.b, t.seq, j0 + j, t.hk);
-      if (g.k_in_place) {
-        w.krow[j] = static_cast<const float*>(p.k) + ko;
-      } else {
-        RowToF32(p.k, ko, p.kv_dtype, g.D, w.kpack + j * g.D);
-        w.krow[j] = w.kpack + j * g.D;
-      }
-      const int64_t vo = v_offset(p, t.b, t.seq, j0 + j, t.hk);
-      if (g.v_in_place) {
-        w.vrow[j] = static_cast<const float*>(p.v) + vo;
-      } else {
-        float* dst = w.vpack + j * g.Dvp;
-        RowToF32(p.v, vo, p.kv_dtype, g.Dv, dst);
-        std::fill(dst + g.Dv, dst + g.Dvp, 0.f);
-        w.vrow[j] = dst;
-      }
-    }
-    bool masked = false;
+    PackBlock(p, g, t, j0, nk, w);
+    // The next block, a slice before each panel.
+    const int64_t next_j0 = j1, next_nk = k + 1 < blk_end ? std::min(g.block_kv, u1 - j1) : 0;
+    const int64_t panels = (t.rows + kPanelRows - 1) / kPanelRows;
+    const int64_t slice = (next_nk + panels - 1) / panels;
     for (int64_t r = 0; r < t.mp; ++r) {
       const int64_t lo = std::clamp<int64_t>(w.row_lo[r] - j0, 0, nk);
       const int64_t hi = std::clamp<int64_t>(w.row_hi[r] - j0, lo, nk);
       w.lo[r] = static_cast<float>(lo);
       w.hi[r] = static_cast<float>(hi);
-      if (r < t.rows && (lo != 0 || hi != nk)) masked = true;
     }
-    for (int64_t j = 0; j < nk; j += kTile.rows) {
-      const int64_t nr = std::min<int64_t>(kTile.rows, nk - j);
-      for (int64_t c = 0; c < t.mp / kLanes; c += kTile.vecs) {
-        const int64_t nc = std::min<int64_t>(kTile.vecs, t.mp / kLanes - c);
-        kScore[size_t(nc - 1)][size_t(nr - 1)](w.krow + j, w.qt + c * g.D * kLanes, g.D,
-                                               w.st + j * t.mp + c * kLanes, t.mp);
+    for (int64_t row0 = 0; row0 < t.rows; row0 += kPanelRows) {
+      Panel pn;
+      pn.row0 = row0;
+      pn.rows = std::min(kPanelRows, t.rows - row0);
+      pn.mp = RoundUp(pn.rows, kLanes);
+      bool masked = false, any_visible = false;
+      for (int64_t r = row0; r < row0 + pn.rows; ++r) {
+        masked |= w.lo[r] != 0.f || w.hi[r] != static_cast<float>(nk);
+        any_visible |= w.lo[r] < w.hi[r];
       }
+      const int64_t pre = row0 / kPanelRows * slice;
+      PrefetchRows(p, g, t, next_j0 + pre, std::max<int64_t>(0, std::min(slice, next_nk - pre)));
+      // A panel that sees none of the block keeps its state exactly (alpha 1, p 0): skip it.
+      if (!any_visible) continue;
+      RunPanel(p, g, pn, nk, masked, w);
     }
-    const bool capped = p.softcap > 0.f;
-    if (masked) {
-      if (capped) SoftmaxBlock<true, true>(t, nk, p.scale, p.softcap, w);
-      else SoftmaxBlock<true, false>(t, nk, p.scale, p.softcap, w);
-    } else {
-      if (capped) SoftmaxBlock<false, true>(t, nk, p.scale, p.softcap, w);
-      else SoftmaxBlock<false, false>(t, nk, p.scale, p.softcap, w);
-    }
-    for (int64_t r = 0; r < t.rows; ++r) {
-      if (w.alpha[r] == 1.f) continue;
-      const VF a = hn::Set(df, w.alpha[r]);
-      float* o = w.o + r * g.Dvp;
-      for (int64_t c = 0; c < g.Dvp; c += kLanes) hn::Store(hn::Mul(hn::Load(df, o + c), a), df, o + c);
-    }
-    AccumulatePv(g, t, w);
   }
 }
 
@@ -599,6 +651,17 @@ Status FlashForward(const AttnParams& p, const Plan& plan) {
   return Status::ok();
 }
 
+size_t ScratchBytes(const AttnParams& p, const Plan& plan) {
+  const Geometry g = MakeGeometry(p, plan);
+  int64_t tiles = 0;
+  for (int64_t b = 0; b < p.batch; ++b)
+    tiles += (sequence(p, b).seqlen_q + g.pos_per_tile - 1) / g.pos_per_tile * p.heads_kv;
+  const int64_t tasks = tiles * g.splits;
+  const size_t workers = size_t(std::max<int64_t>(1, std::min<int64_t>(std::max(plan.workers, 1), tasks)));
+  return g.worker_bytes * workers + size_t(p.batch + 1) * sizeof(int64_t) +
+         (g.splits > 1 ? size_t(tasks * g.partial_floats) * sizeof(float) : 0);
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 int TargetBits() { return static_cast<int>(kLanes) * 32; }
 
@@ -611,9 +674,14 @@ namespace ioattn::cpu {
 
 HWY_EXPORT(FlashForward);
 HWY_EXPORT(TargetName);
+HWY_EXPORT(ScratchBytes);
 HWY_EXPORT(TargetBits);
 
 Status flash_forward(const AttnParams& p, const Plan& plan) { return HWY_DYNAMIC_DISPATCH(FlashForward)(p, plan); }
+
+size_t flash_scratch_bytes(const AttnParams& p, const Plan& plan) {
+  return HWY_DYNAMIC_DISPATCH(ScratchBytes)(p, plan);
+}
 
 std::string flash_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 

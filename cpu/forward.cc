@@ -27,6 +27,8 @@ Plan plan_for_params(const AttnParams& p) {
 
 Status forward(const AttnParams& p) { return flash_forward(p, plan_for_params(p)); }
 
+size_t scratch_bytes(const AttnParams& p) { return flash_scratch_bytes(p, plan_for_params(p)); }
+
 std::string dispatch_target_name() { return flash_target_name(); }
 
 int default_threads() {
