@@ -7,10 +7,26 @@
 #include "common/params.h"
 #include "common/status.h"
 
+namespace ioattn {
+
+struct HardwareProfile;
+
+// The current CUDA device as a hardware profile (SM count, shared memory per SM and per block
+// opt-in, registers, L2, clocks, HBM bandwidth from the memory clock); false when this build has
+// no CUDA or no device is visible. Also declared in common/hardware.h.
+bool query_cuda_device(HardwareProfile* out);
+
+}  // namespace ioattn
+
 namespace ioattn::gpu {
 
 // A CUDA device is usable by this build.
 bool available();
+
+// What the CUDA backend cannot run (head dims, mixed q/kv storage, grid and index limits):
+// IOATTN_ERROR_UNSUPPORTED naming the value, else OK. forward() checks it too; the KV-cache path
+// calls it before append_kv so a rejected request leaves the cache untouched.
+Status check_supported(const AttnParams& p);
 
 // p validated by the API layer; all pointers are device pointers; runs on p.stream.
 Status forward(const AttnParams& p);

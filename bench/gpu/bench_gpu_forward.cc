@@ -1,0 +1,161 @@
+// Times the CUDA forward on the FlashAttention benchmark protocol: 16k tokens per batch
+// (B = 16384 / S), hidden 2048 (H = 2048 / D), bf16, S from 512 to 16k, causal and not. FLOPs by
+// FlashAttention's convention, 4 * B * H * S^2 * D, halved under a causal mask, so the figures
+// compare directly with the peers' in compare.py. Each configuration: fresh random inputs,
+// 5 warm-up launches, the median of 30 launches timed with CUDA events, and 4 output rows
+// checked against an fp64 recomputation. One JSON object per line on stdout.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/params.h"
+#include "gpu/gpu_backend.h"
+
+namespace {
+
+bool check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return true;
+  std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
+  return false;
+}
+
+// A 64-bit LCG: fast enough for 10^8 values and never zeros (DEVICE.md: zeros run faster).
+struct Lcg {
+  uint64_t state;
+  float next() {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return float(int32_t(state >> 32)) * (1.f / 2147483648.f);
+  }
+};
+
+// Max |out - ref| over a few rows of (b = 0, h = 0), with ref recomputed in double from the same
+// bf16 inputs (dense (B, S, H, D) layout).
+double check_rows(const std::vector<uint16_t>& q, const std::vector<uint16_t>& k, const std::vector<uint16_t>& v,
+                  const std::vector<uint16_t>& out, int64_t s, int64_t h, int64_t d, bool causal) {
+  double worst = 0;
+  const int64_t rows[] = {0, 1, s / 2, s - 1};
+  const double scale = 1.0 / std::sqrt(double(d));
+  for (const int64_t i : rows) {
+    const int64_t end = causal ? i + 1 : s;
+    std::vector<double> sc(static_cast<size_t>(end));
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < end; ++j) {
+      double dot = 0;
+      for (int64_t c = 0; c < d; ++c)
+        dot += double(ioattn::bf16_to_f32(q[size_t(i * h * d + c)])) * ioattn::bf16_to_f32(k[size_t(j * h * d + c)]);
+      sc[size_t(j)] = dot * scale;
+      mx = std::max(mx, sc[size_t(j)]);
+    }
+    double sum = 0;
+    std::vector<double> acc(size_t(d), 0.0);
+    for (int64_t j = 0; j < end; ++j) {
+      const double w = std::exp(sc[size_t(j)] - mx);
+      sum += w;
+      for (int64_t c = 0; c < d; ++c) acc[size_t(c)] += w * ioattn::bf16_to_f32(v[size_t(j * h * d + c)]);
+    }
+    for (int64_t c = 0; c < d; ++c)
+      worst = std::max(worst, std::fabs(acc[size_t(c)] / sum - ioattn::bf16_to_f32(out[size_t(i * h * d + c)])));
+  }
+  return worst;
+}
+
+}  // namespace
+
+// usage: bench_gpu_forward [--max-seqlen N] [--seqlen N] [--head-dim D] [--causal 0|1] [--iters N]
+// (--seqlen, --head-dim and --causal pick one configuration, e.g. for ncu).
+int main(int argc, char** argv) {
+  int64_t max_seqlen = 16384, only_seqlen = 0, only_dim = 0, only_causal = -1, iters = 30;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    const int64_t value = std::atoll(argv[i + 1]);
+    if (flag == "--max-seqlen") max_seqlen = value;
+    else if (flag == "--seqlen") only_seqlen = value;
+    else if (flag == "--head-dim") only_dim = value;
+    else if (flag == "--causal") only_causal = value;
+    else if (flag == "--iters") iters = value;
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  if (!ioattn::gpu::available()) {
+    std::printf("SKIPPED: no CUDA device\n");
+    return 77;
+  }
+  constexpr int64_t kTokens = 16384, kHidden = 2048;
+  const int64_t elements = kTokens * kHidden;
+  const size_t n = static_cast<size_t>(elements);
+  std::vector<uint16_t> hq(n), hk(n), hv(n), ho(n);
+  void *dq, *dk, *dv, *dout;
+  if (!check(cudaMalloc(&dq, size_t(elements) * 2), "malloc") || !check(cudaMalloc(&dk, size_t(elements) * 2), "malloc") ||
+      !check(cudaMalloc(&dv, size_t(elements) * 2), "malloc") || !check(cudaMalloc(&dout, size_t(elements) * 2), "malloc"))
+    return 1;
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  Lcg rng{12345};
+  int failures = 0;
+  for (const int64_t d : {64, 128}) {
+    for (const bool causal : {false, true}) {
+      for (int64_t s = 512; s <= std::min<int64_t>(max_seqlen, 16384); s *= 2) {
+        if ((only_seqlen && s != only_seqlen) || (only_dim && d != only_dim) || (only_causal >= 0 && causal != (only_causal != 0)))
+          continue;
+        for (auto* buf : {&hq, &hk, &hv})
+          for (auto& x : *buf) x = ioattn::f32_to_bf16(rng.next());
+        cudaMemcpy(dq, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice);
+        cudaMemcpy(dk, hk.data(), hk.size() * 2, cudaMemcpyHostToDevice);
+        cudaMemcpy(dv, hv.data(), hv.size() * 2, cudaMemcpyHostToDevice);
+        const int64_t b = kTokens / s, h = kHidden / d;
+        ioattn::AttnParams p;
+        p.q = dq, p.k = dk, p.v = dv, p.out = dout;
+        p.io_dtype = p.kv_dtype = ioattn::DType::bf16;
+        p.batch = b, p.heads_q = p.heads_kv = h, p.head_dim = p.head_dim_v = d;
+        p.seqlen_q = p.seqlen_k = s;
+        p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = s * h * d;
+        p.q_seq_stride = p.k_seq_stride = p.v_seq_stride = p.o_seq_stride = h * d;
+        p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
+        p.scale = float(1.0 / std::sqrt(double(d)));
+        p.causal = causal;
+        std::vector<float> ms;
+        for (int64_t it = 0; it < iters + 5; ++it) {
+          cudaEventRecord(start);
+          const ioattn::Status st = ioattn::gpu::forward(p);
+          cudaEventRecord(stop);
+          if (!st.is_ok()) {
+            std::fprintf(stderr, "forward failed: %s\n", st.message.c_str());
+            return 1;
+          }
+          if (!check(cudaEventSynchronize(stop), "launch")) return 1;
+          float t = 0;
+          cudaEventElapsedTime(&t, start, stop);
+          if (it >= 5) ms.push_back(t);
+        }
+        std::sort(ms.begin(), ms.end());
+        const double median = ms[ms.size() / 2];
+        const double flops = 4.0 * double(b) * double(h) * double(s) * double(s) * double(d) * (causal ? 0.5 : 1.0);
+        cudaMemcpy(ho.data(), dout, ho.size() * 2, cudaMemcpyDeviceToHost);
+        const double err = check_rows(hq, hk, hv, ho, s, h, d, causal);
+        // Outputs are means of many uniform values (magnitude < 0.1): bf16 rounding of P and O
+        // stays far below this bound; a wrong tile or mask does not.
+        const bool ok = err < 5e-3;
+        failures += !ok;
+        std::printf(
+            "{\"impl\": \"ioattn\", \"head_dim\": %lld, \"seqlen\": %lld, \"batch\": %lld, \"heads\": %lld, "
+            "\"causal\": %s, \"ms\": %.4f, \"tflops\": %.1f, \"max_err\": %.2e, \"check\": \"%s\"}\n",
+            (long long)d, (long long)s, (long long)b, (long long)h, causal ? "true" : "false", median,
+            flops / median * 1e-9, err, ok ? "ok" : "FAIL");
+        std::fflush(stdout);
+      }
+    }
+  }
+  cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout);
+  return failures == 0 ? 0 : 1;
+}

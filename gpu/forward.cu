@@ -1,0 +1,94 @@
+// Dispatch of the CUDA forward: validates what only the CUDA backend cares about (head dims,
+// layouts a 16-byte copy can read, grid limits, shared memory the device grants), then picks the
+// tensor-core kernel for (head dim, storage type) or the portable path. An sm_90a kernel
+// (wgmma, TMA) would be one more branch here, chosen by the device's compute capability.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common/gpu_tiles.h"
+#include "gpu/gpu_backend.h"
+#include "gpu/simple_fwd.h"
+#include "gpu/sm80/launch.h"
+
+namespace ioattn::gpu {
+namespace {
+
+Status cuda_error(const std::string& what, cudaError_t err) {
+  return Status::backend("backend=CUDA: " + what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+}
+
+bool supported_head_dim(int64_t d) { return d > 0 && d <= 1024 && gpu_tile(int(d)).supported; }
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+bool multiple_of_8(int64_t a, int64_t b, int64_t c) { return a % 8 == 0 && b % 8 == 0 && c % 8 == 0; }
+
+// The tensor-core kernel copies rows in 16-byte chunks and stores output pairs as 4 bytes, so
+// every row it touches must start on a 16-byte boundary: 16-byte-aligned bases and element
+// strides that are multiples of 8 (2-byte elements).
+bool chunk_aligned(const AttnParams& p) {
+  return aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.out) &&
+         multiple_of_8(p.q_batch_stride, p.q_seq_stride, p.q_head_stride) &&
+         multiple_of_8(p.k_batch_stride, p.k_seq_stride, p.k_head_stride) &&
+         multiple_of_8(p.v_batch_stride, p.v_seq_stride, p.v_head_stride) &&
+         multiple_of_8(p.o_batch_stride, p.o_seq_stride, p.o_head_stride);
+}
+
+template <class Elem>
+cudaError_t launch_tensor_core(const AttnParams& p) {
+  switch (p.head_dim) {
+    case 64: return sm80::launch_flash_fwd<Elem, 64>(p);
+    case 96: return sm80::launch_flash_fwd<Elem, 96>(p);
+    case 128: return sm80::launch_flash_fwd<Elem, 128>(p);
+    case 256: return sm80::launch_flash_fwd<Elem, 256>(p);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+Status check_supported(const AttnParams& p) {
+  if (!supported_head_dim(p.head_dim) || !supported_head_dim(p.head_dim_v))
+    return Status::unsupported("backend=CUDA: head_dim=" + std::to_string(p.head_dim) +
+                               " head_dim_v=" + std::to_string(p.head_dim_v) +
+                               ": the CUDA kernels support head dims 64, 96, 128 and 256");
+  if (p.io_dtype != p.kv_dtype)
+    return Status::unsupported(std::string("backend=CUDA: q/out dtype ") + dtype_name(p.io_dtype) +
+                               " with k/v dtype " + dtype_name(p.kv_dtype) +
+                               ": the CUDA backend needs one storage dtype for q, k, v and out");
+  if (p.heads_q > 65535 || p.batch > 65535)
+    return Status::unsupported("backend=CUDA: heads=" + std::to_string(p.heads_q) + " batch=" +
+                               std::to_string(p.batch) + ": the CUDA grid allows at most 65535 of each");
+  // Key indices inside the kernels are 32-bit.
+  if (p.seqlen_q > (int64_t(1) << 30) || p.seqlen_k > (int64_t(1) << 30))
+    return Status::unsupported("backend=CUDA: seqlen_q=" + std::to_string(p.seqlen_q) + " seqlen_k=" +
+                               std::to_string(p.seqlen_k) + ": the CUDA kernels take sequences up to 2^30");
+  return Status::ok();
+}
+
+Status forward(const AttnParams& p) {
+  Status s = check_supported(p);
+  if (!s.is_ok()) return s;
+  if (p.batch == 0 || p.seqlen_q == 0) return Status::ok();
+
+  int device = 0, smem_optin = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess) return cuda_error("querying the device", err);
+
+  const bool tensor_core = p.io_dtype != DType::f32 && p.head_dim == p.head_dim_v && chunk_aligned(p) &&
+                           sm80::flash_fwd_smem_bytes(int(p.head_dim)) <= smem_optin;
+  if (tensor_core) {
+    err = p.io_dtype == DType::bf16 ? launch_tensor_core<__nv_bfloat16>(p) : launch_tensor_core<__half>(p);
+    if (err != cudaSuccess) return cuda_error("launching the flash forward (head_dim=" + std::to_string(p.head_dim) + ")", err);
+    return Status::ok();
+  }
+  err = launch_simple_fwd(p);
+  if (err != cudaSuccess) return cuda_error("launching the portable forward", err);
+  return Status::ok();
+}
+
+}  // namespace ioattn::gpu

@@ -1,0 +1,12 @@
+// One kernel per translation unit keeps nvcc's per-job time and memory bounded.
+#include "gpu/sm80/flash_fwd.cuh"
+
+namespace ioattn::gpu::sm80 {
+
+template <>
+cudaError_t launch_flash_fwd<__half, 96>(const AttnParams& p) {
+  // block_q, block_kv, warps, stages: checked against gpu_tile(96) inside launch_tile.
+  return launch_tile<__half, 96, 128, 64, 4, 2>(p);
+}
+
+}  // namespace ioattn::gpu::sm80

@@ -1,0 +1,330 @@
+// FlashAttention-2 forward for sm_80 and later (mma.sync m16n8k16), one CTA per
+// (query block, head, sequence). The CTA stages its Q tile in shared memory, then walks the
+// visible key blocks through a `stages`-deep cp.async pipeline of K/V tiles; each warp owns
+// block_q / warps query rows and keeps its scores S, probabilities P and output accumulator O in
+// registers for the whole walk, so the only shared-memory traffic is ldmatrix reads of Q, K and V.
+//
+// Per key block and warp (D = 128, 32 rows, 64 keys): S = Q K^T is 2 x 8 x 8 = 128 mma, O += P V
+// another 128; the softmax between them is ~6 fp32 ops per score. Blocks that the mask or the
+// sequence end cuts are peeled: only they evaluate the visibility rule per element.
+//
+// Included only by the per-(head dim, dtype) translation units (gpu/fwd_sm80_*.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "common/gpu_tiles.h"
+#include "common/masking.h"
+#include "common/online_softmax.h"
+#include "common/params.h"
+#include "gpu/sm80/launch.h"
+#include "gpu/sm80/primitives.cuh"
+
+namespace ioattn::gpu::sm80 {
+
+// The tile a kernel is compiled for. The literals come from each instantiation unit and are
+// checked there against gpu_tile(D), the table the planner reads.
+template <int D, int BlockQ, int BlockKv, int Warps, int Stages>
+struct FwdShape {
+  static constexpr int head_dim = D;
+  static constexpr int block_q = BlockQ, block_kv = BlockKv, warps = Warps, stages = Stages;
+  static constexpr GpuTile tile{BlockQ, BlockKv, Warps, Stages, true};
+  static constexpr int threads = warps * 32;
+  static constexpr int warp_rows = block_q / warps;
+  static constexpr int m_tiles = warp_rows / 16;   // m16 tiles per warp
+  static constexpr int s_tiles = block_kv / 8;     // n8 tiles of S
+  static constexpr int o_tiles = D / 8;            // n8 tiles of O
+  static constexpr int pitch = gpu_tile_row_pitch(D);
+  static constexpr int64_t smem_bytes = gpu_tile_smem_bytes(tile, D);
+  static constexpr bool matches(const GpuTile& t) {
+    return t.supported && t.block_q == BlockQ && t.block_kv == BlockKv && t.warps == Warps && t.stages == Stages;
+  }
+  static_assert(warp_rows % 16 == 0 && block_kv % 16 == 0 && D % 16 == 0, "tile must tile m16n8k16");
+  static_assert(stages >= 2, "the pipeline overlaps the next tile's copy with this tile's math");
+};
+
+// Copies `rows` rows of D elements into a pitched shared tile; row r comes from
+// base + row_offset(r), rows at or past `valid_rows` are zero-filled (never read).
+template <int D, int Threads, int Rows, class Elem, class RowOffset>
+__device__ __forceinline__ void load_tile(Elem* smem, const Elem* base, int valid_rows, RowOffset row_offset) {
+  constexpr int chunks_per_row = D / 8, pitch = gpu_tile_row_pitch(D);
+  constexpr int chunks = Rows * chunks_per_row;
+  static_assert(chunks % Threads == 0, "each thread copies the same number of chunks");
+#pragma unroll
+  for (int i = 0; i < chunks / Threads; ++i) {
+    int c = int(threadIdx.x) + i * Threads;
+    // Opaque to the optimizer: otherwise it hoists every chunk's row offset out of the key loop
+    // (16 or more 64-bit values kept live across the whole walk) and the accumulators spill.
+    // Recomputing them costs a few integer ops per 16-byte copy.
+    asm volatile("" : "+r"(c));
+    const int r = c / chunks_per_row, col = (c % chunks_per_row) * 8;
+    const bool valid = r < valid_rows;
+    const Elem* src = valid ? base + row_offset(r) + col : base;
+    cp_async_16(smem_addr(smem + r * pitch + col), src, valid);
+  }
+}
+
+// Two CTAs per SM where the tile leaves room (4 warps, <= 113 KB): 8 warps keep the tensor
+// cores fed while another CTA's warps wait on their barrier or copies.
+template <class Elem, class Shape>
+__global__ void __launch_bounds__(Shape::threads, Shape::warps == 4 ? 2 : 1)
+    flash_fwd_kernel(const __grid_constant__ AttnParams p) {
+  constexpr int D = Shape::head_dim;
+  using Ops = ElemOps<Elem>;
+  constexpr int BM = Shape::block_q, BN = Shape::block_kv, MT = Shape::m_tiles;
+  constexpr int NT = Shape::s_tiles, OT = Shape::o_tiles, P = Shape::pitch;
+  constexpr int Threads = Shape::threads, Stages = Shape::stages;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
+  Elem* sK = sQ + BM * P;
+  Elem* sV = sK + Stages * BN * P;
+
+  const int64_t b = blockIdx.z, h = blockIdx.y;
+  // Heaviest query blocks (most visible keys under a causal mask) launch first, so the last wave
+  // holds the short ones.
+  const int m_block = int(gridDim.x) - 1 - int(blockIdx.x);
+  const SeqSpan seq = sequence(p, b);
+  const int64_t m0 = int64_t(m_block) * BM;
+  if (m0 >= seq.seqlen_q) return;
+  const int64_t hk = kv_head_of(p, h);
+  const int rows_here = int(seq.seqlen_q - m0 < BM ? seq.seqlen_q - m0 : BM);
+
+  // Key blocks any row of this query block sees, and the inner range that every row sees whole
+  // (visible_keys' begin and end are nondecreasing in the row).
+  const KeyRange first = visible_keys(p, seq, m0);
+  const KeyRange last = visible_keys(p, seq, m0 + rows_here - 1);
+  const int n_begin = int(first.begin / BN);
+  const int n_end = int((last.end + BN - 1) / BN);
+  const int n_full_begin = int((last.begin + BN - 1) / BN);
+  const int n_full_end = int(first.end / BN);
+  const int n_tiles = n_end > n_begin ? n_end - n_begin : 0;
+
+  const Elem* q = static_cast<const Elem*>(p.q);
+  const Elem* k = static_cast<const Elem*>(p.k);
+  const Elem* v = static_cast<const Elem*>(p.v);
+
+  load_tile<D, Threads, BM>(sQ, q, rows_here,
+                            [&](int r) { return q_offset(p, b, seq, m0 + r, h); });
+  cp_async_commit();
+
+  // Tiles are walked from the last key block down, so the blocks the causal diagonal or the
+  // sequence end cut come first and the unmasked bulk runs after them (FlashAttention-2's order).
+  auto load_kv = [&](int tile_index) {
+    const int buf = tile_index % Stages;
+    const int64_t n0 = int64_t(n_end - 1 - tile_index) * BN;
+    const int valid = int(seq.seqlen_k - n0 < BN ? seq.seqlen_k - n0 : BN);
+    load_tile<D, Threads, BN>(sK + buf * BN * P, k, valid,
+                              [&](int r) { return k_offset(p, b, seq, n0 + r, hk); });
+    load_tile<D, Threads, BN>(sV + buf * BN * P, v, valid,
+                              [&](int r) { return v_offset(p, b, seq, n0 + r, hk); });
+  };
+#pragma unroll
+  for (int s = 0; s < Stages - 1; ++s) {
+    if (s < n_tiles) load_kv(s);
+    cp_async_commit();
+  }
+
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int warp_row0 = warp * Shape::warp_rows;
+
+  // Scores are rounded into the log2 domain (x = s * scale * log2(e), or the softcap's
+  // c * log2(e) * tanh(s * scale / c)) before the max is taken, so the row's largest score gives
+  // exactly exp2(x - m) = 1. Folding the scale into one FFMA against an unscaled max instead,
+  // exp2(s * c - m * c), leaves the rounding error of m * c, which is absolute: at logits
+  // ~1e11 (q = k = v = 133120, pytorch issue 121558) it is thousands, and exp2 overflows.
+  const bool softcap = p.softcap > 0.f;
+  const float score_mul = softcap ? p.scale / p.softcap : p.scale * softmax::kLog2e;
+  const float softcap_log2 = p.softcap * softmax::kLog2e;
+
+  float o[MT][OT][4];
+  float row_max[MT][2], row_sum[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int d = 0; d < OT; ++d) o[mt][d][0] = o[mt][d][1] = o[mt][d][2] = o[mt][d][3] = 0.f;
+    row_max[mt][0] = row_max[mt][1] = softmax::neg_inf();
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
+
+  // Lane address offsets of the ldmatrix x4 patterns (see primitives.cuh for the fragments):
+  // A from Q: row lane % 16, column (lane / 16) * 8; B from K (two n8 tiles, one k16): row
+  // (lane % 8) + (lane / 16) * 8, column ((lane / 8) % 2) * 8; B from V, transposed: key row
+  // (lane % 8) + ((lane / 8) % 2) * 8, column (lane / 16) * 8.
+  const uint32_t q_lane = smem_addr(sQ + (warp_row0 + lane % 16) * P + (lane / 16) * 8);
+  const int k_lane = ((lane % 8) + (lane / 16) * 8) * P + ((lane / 8) % 2) * 8;
+  const int v_lane = ((lane % 8) + ((lane / 8) % 2) * 8) * P + (lane / 16) * 8;
+
+  auto step = [&](int tile_index, auto masked_tag) {
+    constexpr bool Masked = decltype(masked_tag)::value;
+    const int buf = tile_index % Stages;
+    const int n0 = (n_end - 1 - tile_index) * BN;
+    const uint32_t k_base = smem_addr(sK + buf * BN * P + k_lane);
+    const uint32_t v_base = smem_addr(sV + buf * BN * P + v_lane);
+
+    float s[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < NT; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+
+#pragma unroll
+    for (int kd = 0; kd < D / 16; ++kd) {
+      uint32_t qa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qa[mt], q_lane + (mt * 16 * P + kd * 16) * 2);
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, k_base + (np * 16 * P + kd * 16) * 2);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Ops::mma(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+          Ops::mma(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+        }
+      }
+    }
+
+    if (softcap) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][n][e] = softcap_log2 * tanhf(s[mt][n][e] * score_mul);
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][n][e] *= score_mul;
+    }
+
+    if constexpr (Masked) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const KeyRange keys = visible_keys(p, seq, m0 + warp_row0 + mt * 16 + g + hr * 8);
+#pragma unroll
+          for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int64_t j = n0 + n * 8 + 2 * t + e;
+              if (j < keys.begin || j >= keys.end) s[mt][n][2 * hr + e] = softmax::neg_inf();
+            }
+        }
+    }
+
+    // Online softmax (common/online_softmax.h): the quad of lanes sharing a row agrees on its
+    // max; the row sum stays per lane until the end.
+    auto exp2_fn = [](float d) { return fast_exp2(d); };
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        float m = row_max[mt][hr];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) m = fmaxf(m, fmaxf(s[mt][n][2 * hr], s[mt][n][2 * hr + 1]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        const float factor = softmax::rescale_factor(row_max[mt][hr], m, exp2_fn);
+        row_max[mt][hr] = m;
+        const float m_ref = softmax::max_for_exp(m);
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pe = fast_exp2(s[mt][n][2 * hr + e] - m_ref);
+            s[mt][n][2 * hr + e] = pe;
+            sum += pe;
+          }
+        row_sum[mt][hr] = row_sum[mt][hr] * factor + sum;
+#pragma unroll
+        for (int d = 0; d < OT; ++d) {
+          o[mt][d][2 * hr] *= factor;
+          o[mt][d][2 * hr + 1] *= factor;
+        }
+      }
+
+#pragma unroll
+    for (int kn = 0; kn < BN / 16; ++kn) {
+      uint32_t pa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        pa[mt][0] = Ops::pack(s[mt][2 * kn][0], s[mt][2 * kn][1]);
+        pa[mt][1] = Ops::pack(s[mt][2 * kn][2], s[mt][2 * kn][3]);
+        pa[mt][2] = Ops::pack(s[mt][2 * kn + 1][0], s[mt][2 * kn + 1][1]);
+        pa[mt][3] = Ops::pack(s[mt][2 * kn + 1][2], s[mt][2 * kn + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < OT / 2; ++dp) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, v_base + (kn * 16 * P + dp * 16) * 2);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Ops::mma(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+          Ops::mma(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+        }
+      }
+    }
+  };
+
+  for (int ti = 0; ti < n_tiles; ++ti) {
+    cp_async_wait<Stages - 2>();
+    __syncthreads();
+    // The buffer refilled here was last read in iteration ti - 1, which every warp has left.
+    if (ti + Stages - 1 < n_tiles) load_kv(ti + Stages - 1);
+    cp_async_commit();
+    const int n = n_end - 1 - ti;
+    if (n >= n_full_begin && n < n_full_end)
+      step(ti, std::false_type{});
+    else
+      step(ti, std::true_type{});
+  }
+  cp_async_wait<0>();
+
+  Elem* out = static_cast<Elem*>(p.out);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float l = row_sum[mt][hr];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int64_t row = m0 + warp_row0 + mt * 16 + g + hr * 8;
+      if (row >= seq.seqlen_q) continue;
+      const float inv = softmax::output_scale(l);
+      Elem* dst = out + o_offset(p, b, seq, row, h) + 2 * t;
+#pragma unroll
+      for (int d = 0; d < OT; ++d)
+        *reinterpret_cast<uint32_t*>(dst + d * 8) = Ops::pack(o[mt][d][2 * hr] * inv, o[mt][d][2 * hr + 1] * inv);
+      if (p.lse && t == 0) {
+        p.lse[lse_offset(p, b, seq, row, h)] =
+            softmax::row_lse(softmax::max_for_exp(row_max[mt][hr]), l, softmax::Domain::log2);
+      }
+    }
+}
+
+// Host side of one instantiation: the tile literals are the instantiation unit's, asserted equal
+// to the planner's table. The caller has checked Shape's shared memory against the device.
+template <class Elem, int D, int BlockQ, int BlockKv, int Warps, int Stages>
+cudaError_t launch_tile(const AttnParams& p) {
+  using Shape = FwdShape<D, BlockQ, BlockKv, Warps, Stages>;
+  static_assert(Shape::matches(gpu_tile(D)), "instantiated tile differs from gpu_tile(D), the planner's table");
+  static_assert(Shape::smem_bytes == flash_fwd_smem_bytes(D), "shared-memory size disagrees with the table");
+  auto kernel = flash_fwd_kernel<Elem, Shape>;
+  // Per call rather than once: the attribute belongs to the current device's context.
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Shape::smem_bytes));
+  if (err != cudaSuccess) return err;
+  const dim3 grid(unsigned((p.seqlen_q + BlockQ - 1) / BlockQ), unsigned(p.heads_q), unsigned(p.batch));
+  kernel<<<grid, Shape::threads, Shape::smem_bytes, static_cast<cudaStream_t>(p.stream)>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace ioattn::gpu::sm80
