@@ -72,6 +72,8 @@ constexpr CpuRegisterTile kTile = cpu_register_tile(static_cast<int>(kLanes) * 3
 // Row PV (keys only some rows of a group see): one row, kRowVecs vector accumulators. 4 chains
 // keep the FMA ports half busy; these keys are a thin edge of the block (the causal diagonal).
 constexpr int kRowVecs = 4;
+// Width of a packed V panel: the PV kernel's columns.
+constexpr int64_t kPanelCols = kTile.vecs * kLanes;
 
 // Rows [row0, row0 + rows) of a tile, processed together per key block; mp = rows rounded up
 // to the vector (the stride of the panel's S^T). 48 rows: a whole number of the score kernel's
@@ -89,10 +91,11 @@ constexpr size_t AlignBytes(size_t x) { return (x + 63) / 64 * 64; }
 // ---------------------------------------------------------------------------------------------
 // Micro-kernels.
 
-// S^T[key r][row vector c] = sum_d K[r][d] * Q^T[c][d]. krow: R key rows (f32); qt: the first
-// of C Q^T panels ([d][lanes] each, panel stride D * lanes); st: row r of S^T, stride mp.
+// S^T[key r][row vector c] = sum_d K[r][d] * Q^T[c][d]. kp: a packed group of keys ([d][rows],
+// so each step's broadcasts come from one 24-byte run); qt: the first of C Q^T panels ([d][lanes]
+// each, panel stride D * lanes); st: row r of S^T, stride mp.
 template <int R, int C>
-void ScoreTile(const float* const* krow, const float* qt, int64_t D, float* st, int64_t mp) {
+void ScoreTile(const float* kp, const float* qt, int64_t D, float* st, int64_t mp) {
   const DF df;
   VF acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -102,7 +105,7 @@ void ScoreTile(const float* const* krow, const float* qt, int64_t D, float* st, 
     VF qv[C];
     for (int c = 0; c < C; ++c) qv[c] = hn::Load(df, qt + c * panel + d * kLanes);
     for (int r = 0; r < R; ++r) {
-      const VF kb = hn::Set(df, krow[r][d]);
+      const VF kb = hn::Set(df, kp[d * kTile.rows + r]);
       for (int c = 0; c < C; ++c) acc[r][c] = hn::MulAdd(kb, qv[c], acc[r][c]);
     }
   }
@@ -110,19 +113,19 @@ void ScoreTile(const float* const* krow, const float* qt, int64_t D, float* st, 
     for (int c = 0; c < C; ++c) hn::Store(acc[r][c], df, st + r * mp + c * kLanes);
 }
 
-// O[r][c0 + c * lanes ...] += sum_j P^T[j][r] * V[j][c0 + ...] for R rows, C vectors, n keys.
-// p: P^T at (first key, first row), stride mp; vrow: the n key rows; o: O at (first row, c0).
+// O[r][c * lanes ...] += sum_j P^T[j][r] * V[j][c * lanes ...] for R rows, C vectors, n keys.
+// p: P^T at (first key, first row), stride mp; vp: the V panel of these columns at the first key
+// ([key][kPanelCols], so the loads are one contiguous stream); o: O at (first row, first column).
 template <int R, int C>
-void PvTile(const float* p, int64_t mp, const float* const* vrow, int64_t n, int64_t c0, float* o,
-            int64_t dvp) {
+void PvTile(const float* p, int64_t mp, const float* vp, int64_t n, float* o, int64_t dvp) {
   const DF df;
   VF acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = hn::Load(df, o + r * dvp + c * kLanes);
   for (int64_t j = 0; j < n; ++j) {
     VF vv[C];
-    const float* v = vrow[j] + c0;
-    for (int c = 0; c < C; ++c) vv[c] = hn::LoadU(df, v + c * kLanes);
+    const float* v = vp + j * kPanelCols;
+    for (int c = 0; c < C; ++c) vv[c] = hn::Load(df, v + c * kLanes);
     const float* pj = p + j * mp;
     for (int r = 0; r < R; ++r) {
       const VF pb = hn::Set(df, pj[r]);
@@ -133,24 +136,28 @@ void PvTile(const float* p, int64_t mp, const float* const* vrow, int64_t n, int
     for (int c = 0; c < C; ++c) hn::Store(acc[r][c], df, o + r * dvp + c * kLanes);
 }
 
-// One row, keys [j0, j1), C vectors from column c0. p: this row's P^T column (stride mp).
+// One row, keys [j0, j1), C vectors from vector v0 of the row. p: this row's P^T column (stride
+// mp); vpack: all V panels (panel stride vstride).
 template <int C>
-void RowPvChunk(const float* p, int64_t mp, const float* const* vrow, int64_t j0, int64_t j1,
-                int64_t c0, float* o) {
+void RowPvChunk(const float* p, int64_t mp, const float* vpack, int64_t vstride, int64_t j0, int64_t j1,
+                int64_t v0, float* o) {
   const DF df;
   VF acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = hn::Load(df, o + c * kLanes);
+  const float* vbase[C];
+  for (int c = 0; c < C; ++c) {
+    acc[c] = hn::Load(df, o + c * kLanes);
+    vbase[c] = vpack + (v0 + c) / kTile.vecs * vstride + (v0 + c) % kTile.vecs * kLanes;
+  }
   for (int64_t j = j0; j < j1; ++j) {
     const VF pb = hn::Set(df, p[j * mp]);
-    const float* v = vrow[j] + c0;
-    for (int c = 0; c < C; ++c) acc[c] = hn::MulAdd(pb, hn::LoadU(df, v + c * kLanes), acc[c]);
+    for (int c = 0; c < C; ++c) acc[c] = hn::MulAdd(pb, hn::Load(df, vbase[c] + j * kPanelCols), acc[c]);
   }
   for (int c = 0; c < C; ++c) hn::Store(acc[c], df, o + c * kLanes);
 }
 
-using ScoreFn = void (*)(const float* const*, const float*, int64_t, float*, int64_t);
-using PvFn = void (*)(const float*, int64_t, const float* const*, int64_t, int64_t, float*, int64_t);
-using RowPvFn = void (*)(const float*, int64_t, const float* const*, int64_t, int64_t, int64_t, float*);
+using ScoreFn = void (*)(const float*, const float*, int64_t, float*, int64_t);
+using PvFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
+using RowPvFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float*);
 
 // Tables of every (rows, vectors) remainder shape, indexed [vectors - 1][rows - 1], so block
 // edges run the same code as the bulk with fewer registers instead of a scalar tail.
@@ -208,10 +215,11 @@ void RowToF32(const void* base, int64_t offset, DType type, int64_t n, float* ds
 // Geometry of one call and the per-worker scratch carved from one allocation.
 
 // Regions of a worker's scratch, each 64-byte aligned.
-enum Region { kQt, kQrow, kK, kV, kKrow, kVrow, kSt, kO, kM, kL, kAlpha, kMref, kMblk, kLo, kHi, kRowLo, kRowHi, kRegions };
+enum Region { kQt, kQrow, kK0, kK1, kV0, kV1, kVtmp, kSt, kO, kM, kL, kAlpha, kMref, kMblk, kLo, kHi, kRowLo, kRowHi, kRegions };
 
 struct Geometry {
   int64_t D = 0, Dv = 0, Dvp = 0, G = 0;
+  int64_t Dvq = 0;  // Dv rounded up to whole V panels
   int64_t pos_per_tile = 0;  // query positions per tile
   int64_t rows_max = 0;      // pos_per_tile * G
   int64_t mp_max = 0;        // rows_max rounded up to the vector: the stride of Q^T panels and S^T
@@ -227,6 +235,7 @@ Geometry MakeGeometry(const AttnParams& p, const Plan& plan) {
   g.D = p.head_dim;
   g.Dv = p.head_dim_v;
   g.Dvp = RoundUp(g.Dv, kLanes);
+  g.Dvq = RoundUp(g.Dv, kPanelCols);
   g.G = p.heads_q / p.heads_kv;
   g.pos_per_tile = std::max<int64_t>(1, plan.block_q / g.G);
   g.rows_max = g.pos_per_tile * g.G;
@@ -238,10 +247,9 @@ Geometry MakeGeometry(const AttnParams& p, const Plan& plan) {
   size_t bytes[kRegions] = {};
   bytes[kQt] = rows * size_t(g.D) * f;
   bytes[kQrow] = size_t(g.D) * f;
-  bytes[kK] = bk * size_t(g.D) * f;
-  bytes[kV] = bk * size_t(g.Dvp) * f;
-  bytes[kKrow] = bk * sizeof(float*);
-  bytes[kVrow] = bk * sizeof(float*);
+  bytes[kK0] = bytes[kK1] = size_t(RoundUp(g.block_kv, kTile.rows)) * size_t(g.D) * f;
+  bytes[kV0] = bytes[kV1] = bk * size_t(g.Dvq) * f;
+  bytes[kVtmp] = size_t(g.Dvq) * f;
   bytes[kSt] = bk * size_t(kPanelRows) * f;
   bytes[kO] = rows * size_t(g.Dvp) * f;
   for (int r : {kM, kL, kAlpha, kMref, kMblk, kLo, kHi}) bytes[r] = rows * f;
@@ -259,10 +267,11 @@ Geometry MakeGeometry(const AttnParams& p, const Plan& plan) {
 struct Scratch {
   float* qt;
   float* qrow;
-  float* kpack;
+  float* kpack;  // the block being computed: one of kbuf, vbuf
   float* vpack;
-  const float** krow;
-  const float** vrow;
+  float* kbuf[2];  // double buffer: the next block is packed while this one computes
+  float* vbuf[2];
+  float* vtmp;
   float* st;
   float* o;
   float *m, *l, *alpha, *mref, *mblk, *lo, *hi;
@@ -274,10 +283,11 @@ Scratch CarveScratch(const Geometry& g, unsigned char* base) {
   Scratch w;
   w.qt = reinterpret_cast<float*>(at(kQt));
   w.qrow = reinterpret_cast<float*>(at(kQrow));
-  w.kpack = reinterpret_cast<float*>(at(kK));
-  w.vpack = reinterpret_cast<float*>(at(kV));
-  w.krow = reinterpret_cast<const float**>(at(kKrow));
-  w.vrow = reinterpret_cast<const float**>(at(kVrow));
+  w.kbuf[0] = w.kpack = reinterpret_cast<float*>(at(kK0));
+  w.kbuf[1] = reinterpret_cast<float*>(at(kK1));
+  w.vbuf[0] = w.vpack = reinterpret_cast<float*>(at(kV0));
+  w.vbuf[1] = reinterpret_cast<float*>(at(kV1));
+  w.vtmp = reinterpret_cast<float*>(at(kVtmp));
   w.st = reinterpret_cast<float*>(at(kSt));
   w.o = reinterpret_cast<float*>(at(kO));
   w.m = reinterpret_cast<float*>(at(kM));
@@ -363,7 +373,8 @@ void AccumulatePv(const Geometry& g, const Panel& pn, const Scratch& w) {
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t v = 0; v < vecs_total; v += kRowVecs) {
         const int64_t c = std::min<int64_t>(kRowVecs, vecs_total - v);
-        kRowPv[size_t(c - 1)](w.st + (r - pn.row0), pn.mp, w.vrow, a, e, v * kLanes, w.o + r * g.Dvp + v * kLanes);
+        kRowPv[size_t(c - 1)](w.st + (r - pn.row0), pn.mp, w.vpack, g.block_kv * kPanelCols, a, e, v,
+                              w.o + r * g.Dvp + v * kLanes);
       }
     }
   };
@@ -385,7 +396,8 @@ void AccumulatePv(const Geometry& g, const Panel& pn, const Scratch& w) {
     }
     for (int64_t v = 0; v < vecs_total; v += kTile.vecs) {
       const int64_t nc = std::min<int64_t>(kTile.vecs, vecs_total - v);
-      kPv[size_t(nc - 1)][size_t(nr - 1)](w.st + a * pn.mp + (r0 - pn.row0), pn.mp, w.vrow + a, e - a, v * kLanes,
+      const float* vp = w.vpack + (v / kTile.vecs) * g.block_kv * kPanelCols + a * kPanelCols;
+      kPv[size_t(nc - 1)][size_t(nr - 1)](w.st + a * pn.mp + (r0 - pn.row0), pn.mp, vp, e - a,
                                           w.o + r0 * g.Dvp + v * kLanes, g.Dvp);
     }
     for (int64_t r = r0; r < r0 + nr; ++r) {
@@ -397,17 +409,16 @@ void AccumulatePv(const Geometry& g, const Panel& pn, const Scratch& w) {
 
 // The caller's K/V rows are usually far apart (stride Hkv x D elements: one 4 KiB page per row
 // at Hkv = 8, D = 128), which defeats the hardware prefetchers' in-page streams, so copying a row
-// would wait a full memory latency. Two software prefetches hide it: while one block's panels
-// compute, the next block's rows are requested a slice per panel (into L2: locality hint 2, so
-// the panels' L1 working set is not evicted), and within the copy loop kPrefetchRows rows ahead
-// (the first block of a tile, which had no predecessor to prefetch it).
+// would wait a full memory latency (measured: packing took 12-17% of the kernel at S = 2048-4096
+// before the pipeline in RunTileBlocks). Within a copy loop, rows kPrefetchRows ahead are
+// requested too (the first block of a tile has no predecessor to hide its misses behind).
 constexpr int64_t kPrefetchRows = 8;
 
 void PrefetchRow(const void* base, int64_t offset, DType type, int64_t n) {
   const int64_t eb = dtype_bytes(type);
   const char* row = static_cast<const char*>(base) + offset * eb;
-  for (int64_t byte = 0; byte < n * eb; byte += 64) __builtin_prefetch(row + byte, 0, 2);
-  __builtin_prefetch(row + n * eb - 1, 0, 2);
+  for (int64_t byte = 0; byte < n * eb; byte += 64) __builtin_prefetch(row + byte, 0, 3);
+  __builtin_prefetch(row + n * eb - 1, 0, 3);
 }
 
 void PrefetchRows(const AttnParams& p, const Geometry& g, const Tile& t, int64_t j0, int64_t n) {
@@ -417,18 +428,39 @@ void PrefetchRows(const AttnParams& p, const Geometry& g, const Tile& t, int64_t
   }
 }
 
-// Converts keys [j0, j0 + nk) into contiguous f32 rows: K [nk][D], V [nk][Dvp] (zero padded).
-// Contiguous blocks also keep the micro-kernels' streams inside few pages and cache sets.
-void PackBlock(const AttnParams& p, const Geometry& g, const Tile& t, int64_t j0, int64_t nk, const Scratch& w) {
-  PrefetchRows(p, g, t, j0, std::min(kPrefetchRows, nk));
-  for (int64_t j = 0; j < nk; ++j) {
-    if (j + kPrefetchRows < nk) PrefetchRows(p, g, t, j0 + j + kPrefetchRows, 1);
-    RowToF32(p.k, k_offset(p, t.b, t.seq, j0 + j, t.hk), p.kv_dtype, g.D, w.kpack + j * g.D);
-    w.krow[j] = w.kpack + j * g.D;
-    float* dst = w.vpack + j * g.Dvp;
-    RowToF32(p.v, v_offset(p, t.b, t.seq, j0 + j, t.hk), p.kv_dtype, g.Dv, dst);
-    std::fill(dst + g.Dv, dst + g.Dvp, 0.f);
-    w.vrow[j] = dst;
+// Converts keys [j0 + lo, j0 + hi) of the block starting at j0 to f32 in the micro-kernels'
+// layouts: K in groups of the score kernel's keys, [group][d][rows] (its broadcasts walk one
+// contiguous run), V in panels of the PV kernel's columns, [panel][key][kPanelCols] zero padded
+// past Dv (its loads walk one stream).
+void PackRows(const AttnParams& p, const Geometry& g, const Tile& t, int64_t j0, int64_t lo, int64_t hi,
+              float* kpack, float* vpack, const Scratch& w) {
+  const DF df;
+  std::fill(w.vtmp + g.Dv, w.vtmp + g.Dvq, 0.f);
+  const bool f32 = p.kv_dtype == DType::f32;
+  for (int64_t j = lo; j < hi; ++j) {
+    if (j + kPrefetchRows < hi) PrefetchRows(p, g, t, j0 + j + kPrefetchRows, 1);
+    const int64_t ko = k_offset(p, t.b, t.seq, j0 + j, t.hk), vo = v_offset(p, t.b, t.seq, j0 + j, t.hk);
+    // f32 rows go straight into the packed layouts; 16-bit rows are widened through a row buffer.
+    const float* krow = static_cast<const float*>(p.k) + ko;
+    if (!f32) {
+      RowToF32(p.k, ko, p.kv_dtype, g.D, w.qrow);
+      krow = w.qrow;
+    }
+    float* kg = kpack + (j / kTile.rows) * g.D * kTile.rows + j % kTile.rows;
+    for (int64_t d = 0; d < g.D; ++d) kg[d * kTile.rows] = krow[d];
+    float* vdst = vpack + j * kPanelCols;
+    const int64_t vstride = g.block_kv * kPanelCols;
+    int64_t c = 0;
+    if (f32) {
+      const float* vrow = static_cast<const float*>(p.v) + vo;
+      for (; c + kLanes <= g.Dv; c += kLanes)
+        hn::Store(hn::LoadU(df, vrow + c), df, vdst + c / kPanelCols * vstride + c % kPanelCols);
+      for (int64_t e = c; e < g.Dvq; ++e) w.vtmp[e] = e < g.Dv ? vrow[e] : 0.f;
+    } else {
+      RowToF32(p.v, vo, p.kv_dtype, g.Dv, w.vtmp);
+    }
+    for (; c < g.Dvq; c += kLanes)
+      hn::Store(hn::Load(df, w.vtmp + c), df, vdst + c / kPanelCols * vstride + c % kPanelCols);
   }
 }
 
@@ -436,14 +468,22 @@ void PackBlock(const AttnParams& p, const Geometry& g, const Tile& t, int64_t j0
 // The panel's S^T (block_kv x 48 floats: 24 KiB at block_kv = 128) stays in L1 between the three
 // steps, while the tile's Q^T and O are streamed once per block; so block_q (how many rows
 // share one packed K/V block) is not bounded by the size of S^T.
-void RunPanel(const AttnParams& p, const Geometry& g, const Panel& pn, int64_t nk, bool masked, const Scratch& w) {
+// Meanwhile it prefetches keys [pf0, pf0 + pf_count) of the next block, a few rows per score
+// step: issued in one burst, most of a slice's ~250 line requests found the miss buffers full
+// and were dropped.
+void RunPanel(const AttnParams& p, const Geometry& g, const Tile& t, const Panel& pn, int64_t nk, bool masked,
+              int64_t pf0, int64_t pf_count, const Scratch& w) {
   const DF df;
   const int64_t vec0 = pn.row0 / kLanes, nvec = pn.mp / kLanes;
+  const int64_t steps = (nk + kTile.rows - 1) / kTile.rows;
+  const int64_t pf_per_step = (pf_count + steps - 1) / std::max<int64_t>(steps, 1);
   for (int64_t j = 0; j < nk; j += kTile.rows) {
+    const int64_t done = j / kTile.rows * pf_per_step;
+    PrefetchRows(p, g, t, pf0 + done, std::max<int64_t>(0, std::min(pf_per_step, pf_count - done)));
     const int64_t nr = std::min<int64_t>(kTile.rows, nk - j);
     for (int64_t c = 0; c < nvec; c += kTile.vecs) {
       const int64_t nc = std::min<int64_t>(kTile.vecs, nvec - c);
-      kScore[size_t(nc - 1)][size_t(nr - 1)](w.krow + j, w.qt + (vec0 + c) * g.D * kLanes, g.D,
+      kScore[size_t(nc - 1)][size_t(nr - 1)](w.kpack + j * g.D, w.qt + (vec0 + c) * g.D * kLanes, g.D,
                                              w.st + j * pn.mp + c * kLanes, pn.mp);
     }
   }
@@ -474,37 +514,61 @@ void RunTileBlocks(const AttnParams& p, const Geometry& g, const Tile& t, int64_
     w.l[r] = 0.f;
   }
   std::fill(w.o, w.o + t.mp * g.Dvp, 0.f);
+  if (blk_begin >= blk_end) return;
+  auto block_start = [&](int64_t k) { return std::max(u0, u1 - (nb - k) * g.block_kv); };
+  auto block_end = [&](int64_t k) { return u1 - (nb - 1 - k) * g.block_kv; };
+  {
+    const int64_t j0 = block_start(blk_begin), nk = block_end(blk_begin) - j0;
+    PrefetchRows(p, g, t, j0, std::min(kPrefetchRows, nk));
+    PackRows(p, g, t, j0, 0, nk, w.kbuf[0], w.vbuf[0], w);
+  }
+  const int64_t panels = (t.rows + kPanelRows - 1) / kPanelRows;
   for (int64_t k = blk_begin; k < blk_end; ++k) {
-    const int64_t j1 = u1 - (nb - 1 - k) * g.block_kv;
-    const int64_t j0 = std::max(u0, j1 - g.block_kv);
-    const int64_t nk = j1 - j0;
-    PackBlock(p, g, t, j0, nk, w);
-    // The next block, a slice before each panel.
-    const int64_t next_j0 = j1, next_nk = k + 1 < blk_end ? std::min(g.block_kv, u1 - j1) : 0;
-    const int64_t panels = (t.rows + kPanelRows - 1) / kPanelRows;
-    const int64_t slice = (next_nk + panels - 1) / panels;
+    const int64_t cur = (k - blk_begin) % 2;
+    Scratch cw = w;
+    cw.kpack = w.kbuf[cur];
+    cw.vpack = w.vbuf[cur];
+    const int64_t j0 = block_start(k), nk = block_end(k) - j0;
+    // Software pipeline over the next block: before panel i its slice i is prefetched and its
+    // slice i - 1 (prefetched one panel of arithmetic ago, so now in cache) is packed into the
+    // other buffer; the copy never waits on memory.
+    const int64_t nj0 = k + 1 < blk_end ? block_start(k + 1) : 0;
+    const int64_t nnk = k + 1 < blk_end ? block_end(k + 1) - nj0 : 0;
+    const int64_t slice = (nnk + panels - 1) / panels;
+    auto slice_range = [&](int64_t i, int64_t* lo, int64_t* hi) {
+      *lo = std::min(nnk, i * slice);
+      *hi = std::min(nnk, (i + 1) * slice);
+    };
     for (int64_t r = 0; r < t.mp; ++r) {
       const int64_t lo = std::clamp<int64_t>(w.row_lo[r] - j0, 0, nk);
       const int64_t hi = std::clamp<int64_t>(w.row_hi[r] - j0, lo, nk);
       w.lo[r] = static_cast<float>(lo);
       w.hi[r] = static_cast<float>(hi);
     }
-    for (int64_t row0 = 0; row0 < t.rows; row0 += kPanelRows) {
+    for (int64_t i = 0; i < panels; ++i) {
+      int64_t lo, hi;
+      slice_range(i, &lo, &hi);
+      const int64_t pf0 = nj0 + lo, pf_count = hi - lo;
+      if (i > 0) {
+        slice_range(i - 1, &lo, &hi);
+        PackRows(p, g, t, nj0, lo, hi, w.kbuf[1 - cur], w.vbuf[1 - cur], w);
+      }
       Panel pn;
-      pn.row0 = row0;
-      pn.rows = std::min(kPanelRows, t.rows - row0);
+      pn.row0 = i * kPanelRows;
+      pn.rows = std::min(kPanelRows, t.rows - pn.row0);
       pn.mp = RoundUp(pn.rows, kLanes);
       bool masked = false, any_visible = false;
-      for (int64_t r = row0; r < row0 + pn.rows; ++r) {
+      for (int64_t r = pn.row0; r < pn.row0 + pn.rows; ++r) {
         masked |= w.lo[r] != 0.f || w.hi[r] != static_cast<float>(nk);
         any_visible |= w.lo[r] < w.hi[r];
       }
-      const int64_t pre = row0 / kPanelRows * slice;
-      PrefetchRows(p, g, t, next_j0 + pre, std::max<int64_t>(0, std::min(slice, next_nk - pre)));
       // A panel that sees none of the block keeps its state exactly (alpha 1, p 0): skip it.
-      if (!any_visible) continue;
-      RunPanel(p, g, pn, nk, masked, w);
+      if (any_visible) RunPanel(p, g, t, pn, nk, masked, pf0, pf_count, cw);
+      else PrefetchRows(p, g, t, pf0, pf_count);
     }
+    int64_t lo, hi;
+    slice_range(panels - 1, &lo, &hi);
+    PackRows(p, g, t, nj0, lo, hi, w.kbuf[1 - cur], w.vbuf[1 - cur], w);
   }
 }
 
