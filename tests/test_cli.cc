@@ -92,8 +92,8 @@ std::string cli_path() {
 Result run_cli(const std::vector<std::string>& args) {
   static int counter = 0;
   const char* base = std::getenv("TMPDIR");
-  const std::string stem = std::string(base ? base : "/tmp") + "/ioattn_test_cli_" + std::to_string(::getpid()) +
-                           "_" + std::to_string(counter++);
+  const std::string stem = std::string(base ? base : "/tmp") + "/ioattn_test_cli_" + std::to_string(::getpid()) + "_" +
+                           std::to_string(counter++);
   const std::string out_path = stem + ".out", err_path = stem + ".err";
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
@@ -134,9 +134,8 @@ void expect_usage_error(const std::vector<std::string>& args, const std::vector<
   for (const auto& f : fragments) CHECK(r.err.find(f) != std::string::npos);
 }
 
-const std::vector<std::string> kReference = {"--hw",       "zen3", "--hw",       "h200-sxm", "--heads",
-                                             "16",         "--head-dim",         "128",      "--seqlen-q",
-                                             "4096",       "--seqlen-k",         "4096"};
+const std::vector<std::string> kReference = {"--hw",       "zen3", "--hw",       "h200-sxm", "--heads",    "16",
+                                             "--head-dim", "128",  "--seqlen-q", "4096",     "--seqlen-k", "4096"};
 
 std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& more) {
   a.insert(a.end(), more.begin(), more.end());
@@ -262,7 +261,8 @@ TEST_CASE("cli: usage, help and unknown commands", "[cli]") {
 TEST_CASE("cli: problem flags are validated with exit 2 and a one-line message", "[cli]") {
   for (const char* cmd : {"plan", "traffic", "explain"}) {
     const std::string c = cmd;
-    expect_usage_error({c, "--head-dim", "abc"}, {"ioattn " + c + ": --head-dim: expected a positive integer, got 'abc'"});
+    expect_usage_error({c, "--head-dim", "abc"},
+                       {"ioattn " + c + ": --head-dim: expected a positive integer, got 'abc'"});
     expect_usage_error({c, "--heads", "0"}, {"--heads", "out of range"});
     expect_usage_error({c, "--heads", "16", "--kv-heads", "3"}, {"--kv-heads", "does not divide", "16"});
     expect_usage_error({c, "--seqlen-q", "-5"}, {"--seqlen-q"});
@@ -473,8 +473,7 @@ TEST_CASE("cli: run f16 with window, softcap and scale", "[cli]") {
   for (size_t i = 0; i < q.size(); ++i) qh[i] = f32_to_f16(q[i]);
   for (size_t i = 0; i < k.size(); ++i) kh[i] = f32_to_f16(k[i]);
   for (size_t i = 0; i < v.size(); ++i) vh[i] = f32_to_f16(v[i]);
-  const Reference ref =
-      reference(qs, ks, ks.d, DType::f16, qh.data(), kh.data(), vh.data(), 0.5f, 2.5f, false, 4, 2);
+  const Reference ref = reference(qs, ks, ks.d, DType::f16, qh.data(), kh.data(), vh.data(), 0.5f, 2.5f, false, 4, 2);
   const uint16_t* o = reinterpret_cast<const uint16_t*>(out.data.data());
   double max_err = 0;
   int zero_rows_ok = 0;
@@ -524,7 +523,8 @@ TEST_CASE("cli: run rejects bad inputs with exit 2, naming the file, creating no
   expect_usage_error(run_with(dir / "3d.npy", in.k, in.v), {"--q", "3d.npy", "4 dimensions", "(2, 5, 4)"});
   expect_usage_error(run_with(dir / "h0.npy", in.k, in.v), {"--q", "h0.npy", "0 heads"});
   expect_usage_error(run_with(in.q, dir / "k_d4.npy", in.v), {"--k", "k_d4.npy", "head dim 4", "8"});
-  expect_usage_error(run_with(in.q, dir / "k_h3.npy", dir / "v_h3.npy"), {"--k", "k_h3.npy", "3 kv heads do not divide --q's 4"});
+  expect_usage_error(run_with(in.q, dir / "k_h3.npy", dir / "v_h3.npy"),
+                     {"--k", "k_h3.npy", "3 kv heads do not divide --q's 4"});
   expect_usage_error(run_with(in.q, dir / "k_h3.npy", in.v), {"--v", "v.npy", "heads 2 differs from --k's 3"});
   expect_usage_error(run_with(in.q, dir / "k_b1.npy", in.v), {"--k", "k_b1.npy", "batch 1"});
   expect_usage_error(run_with(in.q, in.k, dir / "v_s6.npy"), {"--v", "v_s6.npy", "seqlen 6"});
@@ -560,8 +560,8 @@ TEST_CASE("cli: run rejects bad inputs with exit 2, naming the file, creating no
 }
 
 TEST_CASE("cli: bench measures flash and standard at one shape", "[cli]") {
-  const json j = parse_json(run_cli({"bench", "--heads", "2", "--kv-heads", "1", "--seqlen-q", "96", "--seqlen-k",
-                                     "80", "--head-dim", "32", "--causal", "--repeats", "1", "--json"}));
+  const json j = parse_json(run_cli({"bench", "--heads", "2", "--kv-heads", "1", "--seqlen-q", "96", "--seqlen-k", "80",
+                                     "--head-dim", "32", "--causal", "--repeats", "1", "--json"}));
   INFO(j.dump(2));
   for (const char* side : {"flash", "standard"}) {
     CHECK(j[side]["seconds"].get<double>() > 0);
@@ -583,8 +583,8 @@ TEST_CASE("cli: demo plans, runs and checks the embedded workload", "[cli]") {
   const Result r = run_cli({"demo", "--threads", "2"});
   INFO(r.out << r.err);
   CHECK(r.code == 0);
-  for (const char* part : {"== plan", "== design outline", "== predicted traffic", "GFLOP/s", "max abs error",
-                           "demo: PASS"}) {
+  for (const char* part :
+       {"== plan", "== design outline", "== predicted traffic", "GFLOP/s", "max abs error", "demo: PASS"}) {
     CHECK(r.out.find(part) != std::string::npos);
   }
 }

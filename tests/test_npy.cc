@@ -65,7 +65,8 @@ TEST_CASE("npy header bytes match NumPy's layout", "[npy]") {
   CHECK(h.back() == '\n');
   CHECK(h.find_first_not_of(' ', 10 + kGoodDict.size()) == h.size() - 1);
   // 1-tuples keep Python's trailing comma, 0-d arrays an empty tuple.
-  CHECK(npy_header_bytes(NpyDType::f16, {5}).find("'descr': '<f2', 'fortran_order': False, 'shape': (5,), }") != std::string::npos);
+  CHECK(npy_header_bytes(NpyDType::f16, {5}).find("'descr': '<f2', 'fortran_order': False, 'shape': (5,), }") !=
+        std::string::npos);
   CHECK(npy_header_bytes(NpyDType::f32, {}).find("'shape': (), }") != std::string::npos);
   for (const auto& shape : {std::vector<int64_t>{1}, {7, 1, 3, 9}, {123456789, 2, 3, 4, 5, 6, 7, 8}}) {
     CHECK(npy_header_bytes(NpyDType::f32, shape).size() % 64 == 0);

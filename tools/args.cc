@@ -26,12 +26,9 @@ std::string quoted(const std::string& text) {
   return out + "'";
 }
 
-void Args::flag(const std::string& name, const std::string& help) {
-  specs_.push_back({name, "", help, false, false});
-}
+void Args::flag(const std::string& name, const std::string& help) { specs_.push_back({name, "", help, false, false}); }
 
-void Args::option(const std::string& name, const std::string& metavar, const std::string& help,
-                  bool repeatable) {
+void Args::option(const std::string& name, const std::string& metavar, const std::string& help, bool repeatable) {
   specs_.push_back({name, metavar, help, true, repeatable});
 }
 
@@ -107,8 +104,10 @@ std::string Args::help(const std::string& synopsis, const std::string& descripti
   if (!specs_.empty()) os << "\nflags:\n";
   for (const Spec& s : specs_) {
     std::string left = "  " + s.name + (s.takes_value ? " " + s.metavar : "");
-    if (left.size() < 24) left.resize(24, ' ');
-    else left += "\n" + std::string(24, ' ');
+    if (left.size() < 24)
+      left.resize(24, ' ');
+    else
+      left += "\n" + std::string(24, ' ');
     os << left << s.help << (s.repeatable ? " (repeatable)" : "") << "\n";
   }
   os << "  --help, -h            this text\n";

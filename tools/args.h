@@ -17,8 +17,7 @@ class Args {
   // A boolean switch: present or not.
   void flag(const std::string& name, const std::string& help);
   // A flag with a value ("--name V" or "--name=V"); repeatable flags keep every value in order.
-  void option(const std::string& name, const std::string& metavar, const std::string& help,
-              bool repeatable = false);
+  void option(const std::string& name, const std::string& metavar, const std::string& help, bool repeatable = false);
 
   // Parses argv[0..argc). Returns false when --help/-h was given (the caller prints help()),
   // throws CliError(kExitUsage) on anything malformed.

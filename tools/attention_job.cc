@@ -18,8 +18,15 @@ HostTensor::HostTensor(DType t, int64_t b, int64_t s, int64_t h, int64_t d)
 ioattn_tensor HostTensor::view() const {
   // ioattn_tensor has one non-const data pointer for inputs and outputs alike; the library only
   // reads q, k and v.
-  return {const_cast<unsigned char*>(bytes.data()), int32_t(dtype), batch, seqlen, heads, head_dim,
-          seqlen * heads * head_dim, heads * head_dim, head_dim};
+  return {const_cast<unsigned char*>(bytes.data()),
+          int32_t(dtype),
+          batch,
+          seqlen,
+          heads,
+          head_dim,
+          seqlen * heads * head_dim,
+          heads * head_dim,
+          head_dim};
 }
 
 std::string cuda_unavailable_reason() {
@@ -58,8 +65,8 @@ double run_host(const ForwardJob& job, int repeats) {
 }
 
 double run_cuda(const ForwardJob& job, int repeats) {
-  DeviceBuffer dq(job.q->bytes.size()), dk(job.k->bytes.size()), dv(job.v->bytes.size()),
-      dout(job.out->bytes.size()), dlse(job.lse ? job.lse->size() * sizeof(float) : 0);
+  DeviceBuffer dq(job.q->bytes.size()), dk(job.k->bytes.size()), dv(job.v->bytes.size()), dout(job.out->bytes.size()),
+      dlse(job.lse ? job.lse->size() * sizeof(float) : 0);
   dq.upload(job.q->bytes.data());
   dk.upload(job.k->bytes.data());
   dv.upload(job.v->bytes.data());
@@ -167,8 +174,7 @@ void reference_heads(const ForwardJob& job, int64_t head_begin, int64_t head_cou
   naive_attention<T>(p, out->data(), lse->data());
 }
 
-template void reference_heads<double>(const ForwardJob&, int64_t, int64_t, std::vector<double>*,
-                                      std::vector<double>*);
+template void reference_heads<double>(const ForwardJob&, int64_t, int64_t, std::vector<double>*, std::vector<double>*);
 template void reference_heads<float>(const ForwardJob&, int64_t, int64_t, std::vector<float>*, std::vector<float>*);
 
 void ErrorStats::add(double got, double ref) {

@@ -59,8 +59,8 @@ void reference_heads(const ForwardJob& job, int64_t head_begin, int64_t head_cou
                      std::vector<T>* lse);
 
 struct ErrorStats {
-  double max_abs = 0;           // over elements where both are finite, or both infinite of one sign
-  double max_ref_abs = 0;       // largest finite reference magnitude (scales the rounding floor)
+  double max_abs = 0;                // over elements where both are finite, or both infinite of one sign
+  double max_ref_abs = 0;            // largest finite reference magnitude (scales the rounding floor)
   int64_t mismatched_nonfinite = 0;  // NaN or infinity on one side only, or infinities of opposite sign
   int64_t compared = 0;
   void add(double got, double ref);

@@ -83,12 +83,13 @@ void print_result(const char* backend, const ForwardJob& job, double seconds, co
     if (!hs.empty()) hs += ',';
     hs += std::to_string(h);
   }
-  std::printf("%-5s %s: best of %d %.3f ms, %.2f GFLOP/s\n", backend, dtype_name(job.q->dtype), kRepeats,
-              seconds * 1e3, flops / seconds * 1e-9);
-  std::printf("      check heads {%s} (%lld values) vs fp64 reference: max abs error %.3e, tolerance %.3e "
-              "(2 x naive same-precision error + 2 ulp), %lld NaN/inf mismatches: %s\n",
-              hs.c_str(), static_cast<long long>(v.err.compared), v.err.max_abs, v.tolerance,
-              static_cast<long long>(v.err.mismatched_nonfinite), v.pass ? "PASS" : "FAIL");
+  std::printf("%-5s %s: best of %d %.3f ms, %.2f GFLOP/s\n", backend, dtype_name(job.q->dtype), kRepeats, seconds * 1e3,
+              flops / seconds * 1e-9);
+  std::printf(
+      "      check heads {%s} (%lld values) vs fp64 reference: max abs error %.3e, tolerance %.3e "
+      "(2 x naive same-precision error + 2 ulp), %lld NaN/inf mismatches: %s\n",
+      hs.c_str(), static_cast<long long>(v.err.compared), v.err.max_abs, v.tolerance,
+      static_cast<long long>(v.err.mismatched_nonfinite), v.pass ? "PASS" : "FAIL");
 }
 
 }  // namespace

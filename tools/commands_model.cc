@@ -59,12 +59,13 @@ bool parse_model_command(ModelCommand& c, int argc, char** argv, const std::stri
 
 int cmd_plan(int argc, char** argv) {
   ModelCommand c{Args("plan"), {}, false};
-  if (!parse_model_command(c, argc, argv, "[problem flags] [--hw NAME]... [--json]",
-                           std::string("The tiling the planner chooses for the problem on each hardware profile: block\n"
-                                       "sizes, register or CTA tile, kv splits, workers, and the working set against\n"
-                                       "the cache or shared-memory level it was fitted to. CPU profiles get plan_cpu,\n"
-                                       "GPU profiles plan_gpu.") +
-                               kShapeOutput)) {
+  if (!parse_model_command(
+          c, argc, argv, "[problem flags] [--hw NAME]... [--json]",
+          std::string("The tiling the planner chooses for the problem on each hardware profile: block\n"
+                      "sizes, register or CTA tile, kv splits, workers, and the working set against\n"
+                      "the cache or shared-memory level it was fitted to. CPU profiles get plan_cpu,\n"
+                      "GPU profiles plan_gpu.") +
+              kShapeOutput)) {
     return kExitOk;
   }
   const Problem& pr = c.request.problem;
@@ -147,9 +148,8 @@ int cmd_hw(int argc, char** argv) {
   if (args.has("--json")) {
     json profiles = json::array();
     for (const HardwareProfile& hw : builtins) profiles.push_back(profile_json(hw));
-    const json j = {{"host", profile_json(host)},
-                    {"gpu", have_gpu ? profile_json(gpu) : json(nullptr)},
-                    {"profiles", profiles}};
+    const json j = {
+        {"host", profile_json(host)}, {"gpu", have_gpu ? profile_json(gpu) : json(nullptr)}, {"profiles", profiles}};
     std::cout << dump(j) << "\n";
     return kExitOk;
   }

@@ -57,8 +57,9 @@ void check_shapes(const HostTensor& q, const HostTensor& k, const HostTensor& v,
   const char* qt = q.dtype == DType::f32 ? "float32" : "float16";
   for (const auto& [t, flag, path] : {std::tuple{&k, "--k", kp}, std::tuple{&v, "--v", vp}}) {
     if (t->dtype != q.dtype) {
-      fail(flag, path, std::string("dtype ") + (t->dtype == DType::f32 ? "float32" : "float16") +
-                           " differs from --q's " + qt + " (q, k and v share one dtype)");
+      fail(flag, path,
+           std::string("dtype ") + (t->dtype == DType::f32 ? "float32" : "float16") + " differs from --q's " + qt +
+               " (q, k and v share one dtype)");
     }
     if (t->batch != q.batch) fail(flag, path, "batch " + n(t->batch) + " differs from --q's " + n(q.batch));
   }
@@ -125,9 +126,12 @@ int cmd_run(int argc, char** argv) {
   opt.scale = float(double_option(a, "--scale", 0.0, -3.0e38, 3.0e38));
   opt.num_threads = int32_t(int_option(a, "--threads", 0, 0, 4096));
   if (const auto b = a.value("--backend")) {
-    if (*b == "cpu") opt.backend = IOATTN_BACKEND_CPU;
-    else if (*b == "cuda") opt.backend = IOATTN_BACKEND_CUDA;
-    else throw usage_error("--backend: expected cpu or cuda, got " + quoted(*b));
+    if (*b == "cpu")
+      opt.backend = IOATTN_BACKEND_CPU;
+    else if (*b == "cuda")
+      opt.backend = IOATTN_BACKEND_CUDA;
+    else
+      throw usage_error("--backend: expected cpu or cuda, got " + quoted(*b));
   }
   const std::string out_path = *a.value("--out");
   const auto lse_path = a.value("--lse");
@@ -173,8 +177,9 @@ int cmd_run(int argc, char** argv) {
   const double flops = forward_flops(pr);
   std::ostringstream os;
   os << out_path << ": q " << shape_str({q.batch, q.seqlen, q.heads, q.head_dim}) << " k "
-     << shape_str({k.batch, k.seqlen, k.heads, k.head_dim}) << " v " << shape_str({v.batch, v.seqlen, v.heads, v.head_dim})
-     << " -> out " << shape_str({q.batch, q.seqlen, q.heads, v.head_dim}) << " on "
+     << shape_str({k.batch, k.seqlen, k.heads, k.head_dim}) << " v "
+     << shape_str({v.batch, v.seqlen, v.heads, v.head_dim}) << " -> out "
+     << shape_str({q.batch, q.seqlen, q.heads, v.head_dim}) << " on "
      << (opt.backend == IOATTN_BACKEND_CUDA ? "cuda" : "cpu") << std::fixed << std::setprecision(3) << " in "
      << seconds * 1e3 << " ms (" << std::setprecision(2) << (seconds > 0 ? flops / seconds * 1e-9 : 0.0)
      << " GFLOP/s)\n";

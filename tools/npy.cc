@@ -38,15 +38,19 @@ class DictParser {
         if (have_descr) return fail(error, "header dict: duplicate key 'descr'");
         have_descr = true;
         std::string descr;
-        if (!string_literal(&descr)) return fail(error, "header 'descr' is not a string (structured dtypes are not supported)");
+        if (!string_literal(&descr))
+          return fail(error, "header 'descr' is not a string (structured dtypes are not supported)");
         if (!dtype_of(descr, &h->dtype, error)) return false;
       } else if (key == "fortran_order") {
         if (have_order) return fail(error, "header dict: duplicate key 'fortran_order'");
         have_order = true;
         bool fortran = false;
-        if (word("True")) fortran = true;
-        else if (!word("False")) return fail(error, "header 'fortran_order' is not True or False");
-        if (fortran) return fail(error, "fortran_order=True is not supported (save a C-contiguous array: np.ascontiguousarray)");
+        if (word("True"))
+          fortran = true;
+        else if (!word("False"))
+          return fail(error, "header 'fortran_order' is not True or False");
+        if (fortran)
+          return fail(error, "fortran_order=True is not supported (save a C-contiguous array: np.ascontiguousarray)");
       } else if (key == "shape") {
         if (have_shape) return fail(error, "header dict: duplicate key 'shape'");
         have_shape = true;
@@ -64,7 +68,8 @@ class DictParser {
     ++p_;
     // NumPy pads the dict with spaces and ends it with '\n'; anything else is not a header it wrote.
     for (; p_ < end_; ++p_)
-      if (*p_ != ' ' && *p_ != '\n' && *p_ != '\t' && *p_ != '\r') return fail(error, "header: unexpected text after the dict");
+      if (*p_ != ' ' && *p_ != '\n' && *p_ != '\t' && *p_ != '\r')
+        return fail(error, "header: unexpected text after the dict");
     if (!have_descr) return fail(error, "header dict: missing key 'descr'");
     if (!have_order) return fail(error, "header dict: missing key 'fortran_order'");
     if (!have_shape) return fail(error, "header dict: missing key 'shape'");
@@ -114,7 +119,8 @@ class DictParser {
       if (p_ >= end_ || *p_ < '0' || *p_ > '9') return fail(error, "header 'shape': expected a non-negative integer");
       int64_t v = 0;
       while (p_ < end_ && *p_ >= '0' && *p_ <= '9') {
-        if (v > (std::numeric_limits<int64_t>::max() - 9) / 10) return fail(error, "header 'shape': dimension too large");
+        if (v > (std::numeric_limits<int64_t>::max() - 9) / 10)
+          return fail(error, "header 'shape': dimension too large");
         v = v * 10 + (*p_++ - '0');
       }
       if (shape->size() >= 32) return fail(error, "header 'shape': more than 32 dimensions");
@@ -130,10 +136,13 @@ class DictParser {
     return true;
   }
   static bool dtype_of(const std::string& descr, NpyDType* t, std::string* error) {
-    if (descr == "<f4" || descr == "=f4") *t = NpyDType::f32;
-    else if (descr == "<f2" || descr == "=f2") *t = NpyDType::f16;
+    if (descr == "<f4" || descr == "=f4")
+      *t = NpyDType::f32;
+    else if (descr == "<f2" || descr == "=f2")
+      *t = NpyDType::f16;
     else if (descr == ">f4" || descr == ">f2")
-      return fail(error, "big-endian dtype '" + descr + "' is not supported (convert with arr.astype('<" + descr.substr(1) + "'))");
+      return fail(error, "big-endian dtype '" + descr + "' is not supported (convert with arr.astype('<" +
+                             descr.substr(1) + "'))");
     else
       return fail(error, "dtype '" + descr + "' is not supported (expected float32 '<f4' or float16 '<f2')");
     return true;
@@ -154,7 +163,7 @@ int64_t NpyArray::count() const {
 bool parse_npy_header(const unsigned char* bytes, size_t size, NpyHeader* h, std::string* error) {
   if (size < 10) {
     *error = size < 6 || std::memcmp(bytes, kMagic, 6) != 0 ? "not a .npy file (too short for the magic string)"
-                                                             : "truncated .npy preamble";
+                                                            : "truncated .npy preamble";
     return false;
   }
   if (std::memcmp(bytes, kMagic, 6) != 0) {
@@ -218,8 +227,8 @@ bool parse_npy_header(const unsigned char* bytes, size_t size, NpyHeader* h, std
 namespace {
 bool check_data_size(const NpyHeader& h, size_t available, std::string* error) {
   if (available < h.data_bytes) {
-    *error = "truncated data: shape needs " + std::to_string(h.data_bytes) + " bytes, file has " +
-             std::to_string(available);
+    *error =
+        "truncated data: shape needs " + std::to_string(h.data_bytes) + " bytes, file has " + std::to_string(available);
     return false;
   }
   if (available > h.data_bytes) {

@@ -52,10 +52,14 @@ ProblemRequest read_problem_flags(const Args& a, bool with_hardware) {
   pr.head_dim = int_option(a, "--head-dim", 128, 1, kMaxHeadDim);
   pr.head_dim_v = int_option(a, "--head-dim-v", pr.head_dim, 1, kMaxHeadDim);
   if (const auto d = a.value("--dtype")) {
-    if (*d == "f32") pr.dtype = DType::f32;
-    else if (*d == "f16") pr.dtype = DType::f16;
-    else if (*d == "bf16") pr.dtype = DType::bf16;
-    else throw usage_error("--dtype: expected f32, f16 or bf16, got " + quoted(*d));
+    if (*d == "f32")
+      pr.dtype = DType::f32;
+    else if (*d == "f16")
+      pr.dtype = DType::f16;
+    else if (*d == "bf16")
+      pr.dtype = DType::bf16;
+    else
+      throw usage_error("--dtype: expected f32, f16 or bf16, got " + quoted(*d));
   }
   pr.kv_dtype = pr.dtype;
   pr.causal = a.has("--causal");

@@ -13,8 +13,8 @@ namespace ioattn::cli {
 
 struct ProblemRequest {
   Problem problem;
-  float scale = 0.f;    // <= 0: 1/sqrt(D)
-  float softcap = 0.f;  // 0: off
+  float scale = 0.f;                      // <= 0: 1/sqrt(D)
+  float softcap = 0.f;                    // 0: off
   std::vector<HardwareProfile> hardware;  // command-line order; the detected host when none given
 };
 

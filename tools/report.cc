@@ -88,8 +88,8 @@ std::string plan_text(const Plan& p, const HardwareProfile& hw) {
   std::ostringstream os;
   os << "hardware        " << p.hardware << " (" << device_kind_name(hw.kind) << ")";
   if (!hw.description.empty()) os << ": " << hw.description;
-  os << "\nbackend         " << backend_name(p.backend) << "\nblocks          block_q " << p.block_q
-     << " x block_kv " << p.block_kv << ", head dim padded to " << p.head_dim_padded;
+  os << "\nbackend         " << backend_name(p.backend) << "\nblocks          block_q " << p.block_q << " x block_kv "
+     << p.block_kv << ", head dim padded to " << p.head_dim_padded;
   if (p.backend == Backend::cpu) {
     os << "\nregister tile   " << p.reg_rows << " rows x " << p.reg_cols << " columns";
   } else {
@@ -97,10 +97,11 @@ std::string plan_text(const Plan& p, const HardwareProfile& hw) {
        << " resident per SM";
   }
   os << "\nkv splits       " << p.kv_splits << "\nworkers         " << p.workers << " (" << p.work_items
-     << " work items)\nworking set     " << human_bytes(double(p.working_set_bytes)) << " ("
-     << p.working_set_bytes << " B) fitted to " << p.target_level << " (" << human_bytes(double(p.target_level_bytes))
+     << " work items)\nworking set     " << human_bytes(double(p.working_set_bytes)) << " (" << p.working_set_bytes
+     << " B) fitted to " << p.target_level << " (" << human_bytes(double(p.target_level_bytes))
      << " per worker)\nwhy             " << p.rationale << "\n";
-  if (!p.supported) os << "supported       no: no kernel of this build runs this shape; figures are what one would need\n";
+  if (!p.supported)
+    os << "supported       no: no kernel of this build runs this shape; figures are what one would need\n";
   return os.str();
 }
 

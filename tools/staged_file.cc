@@ -58,8 +58,8 @@ void StagedFile::commit() {
   fd_ = -1;
   if (::close(fd) != 0) throw internal_error(flag_ + " " + quoted(path_) + ": close failed: " + std::strerror(errno));
   if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
-    throw internal_error(flag_ + " " + quoted(path_) + ": cannot rename the finished file into place: " +
-                         std::strerror(errno));
+    throw internal_error(flag_ + " " + quoted(path_) +
+                         ": cannot rename the finished file into place: " + std::strerror(errno));
   }
   committed_ = true;
 }
