@@ -91,9 +91,9 @@ constexpr size_t AlignBytes(size_t x) { return (x + 63) / 64 * 64; }
 // ---------------------------------------------------------------------------------------------
 // Micro-kernels.
 
-// S^T[key r][row vector c] = sum_d K[r][d] * Q^T[c][d]. kp: a packed group of keys ([d][rows],
-// so each step's broadcasts come from one 24-byte run); qt: the first of C Q^T panels ([d][lanes]
-// each, panel stride D * lanes); st: row r of S^T, stride mp.
+// S^T[key r][row vector c] = sum_d K[r][d] * Q^T[c][d]. kp: the first of R packed f32 key rows
+// (stride D); qt: the first of C Q^T panels ([d][lanes] each, panel stride D * lanes); st: row r
+// of S^T, stride mp.
 template <int R, int C>
 void ScoreTile(const float* kp, const float* qt, int64_t D, float* st, int64_t mp) {
   const DF df;
@@ -105,7 +105,7 @@ void ScoreTile(const float* kp, const float* qt, int64_t D, float* st, int64_t m
     VF qv[C];
     for (int c = 0; c < C; ++c) qv[c] = hn::Load(df, qt + c * panel + d * kLanes);
     for (int r = 0; r < R; ++r) {
-      const VF kb = hn::Set(df, kp[d * kTile.rows + r]);
+      const VF kb = hn::Set(df, kp[r * D + d]);
       for (int c = 0; c < C; ++c) acc[r][c] = hn::MulAdd(kb, qv[c], acc[r][c]);
     }
   }
@@ -215,7 +215,7 @@ void RowToF32(const void* base, int64_t offset, DType type, int64_t n, float* ds
 // Geometry of one call and the per-worker scratch carved from one allocation.
 
 // Regions of a worker's scratch, each 64-byte aligned.
-enum Region { kQt, kQrow, kK0, kK1, kV0, kV1, kVtmp, kSt, kO, kM, kL, kAlpha, kMref, kMblk, kLo, kHi, kRowLo, kRowHi, kRegions };
+enum Region { kQt, kQrow, kK0, kK1, kV0, kV1, kHeadK, kHeadV, kVtmp, kSt, kO, kM, kL, kAlpha, kMref, kMblk, kLo, kHi, kRowLo, kRowHi, kRegions };
 
 struct Geometry {
   int64_t D = 0, Dv = 0, Dvp = 0, G = 0;
@@ -225,12 +225,16 @@ struct Geometry {
   int64_t mp_max = 0;        // rows_max rounded up to the vector: the stride of Q^T panels and S^T
   int64_t block_kv = 0;
   int64_t splits = 1;
+  // Head mode: a task is a whole (sequence, kv head) whose K/V is packed once and read by all of
+  // its query tiles; head_keys is the longest sequence's key count (the head buffers' rows).
+  bool head_mode = false;
+  int64_t head_keys = 0;
   size_t off[kRegions] = {};
   size_t worker_bytes = 0;
   int64_t partial_floats = 0;  // O (rows_max x Dvp), m and l (rows_max each) of one (tile, split)
 };
 
-Geometry MakeGeometry(const AttnParams& p, const Plan& plan) {
+Geometry MakeGeometry(const AttnParams& p, const Plan& plan, bool head_mode, int64_t head_keys) {
   Geometry g;
   g.D = p.head_dim;
   g.Dv = p.head_dim_v;
@@ -242,13 +246,17 @@ Geometry MakeGeometry(const AttnParams& p, const Plan& plan) {
   g.mp_max = RoundUp(g.rows_max, kLanes);
   g.block_kv = std::max(1, plan.block_kv);
   g.splits = std::max(1, plan.kv_splits);
+  g.head_mode = head_mode;
+  g.head_keys = head_keys;
   const size_t f = sizeof(float);
   const size_t rows = size_t(g.mp_max), bk = size_t(g.block_kv);
   size_t bytes[kRegions] = {};
   bytes[kQt] = rows * size_t(g.D) * f;
   bytes[kQrow] = size_t(g.D) * f;
-  bytes[kK0] = bytes[kK1] = size_t(RoundUp(g.block_kv, kTile.rows)) * size_t(g.D) * f;
-  bytes[kV0] = bytes[kV1] = bk * size_t(g.Dvq) * f;
+  bytes[kK0] = bytes[kK1] = head_mode ? 0 : bk * size_t(g.D) * f;
+  bytes[kV0] = bytes[kV1] = head_mode ? 0 : bk * size_t(g.Dvq) * f;
+  bytes[kHeadK] = head_mode ? size_t(head_keys) * size_t(g.D) * f : 0;
+  bytes[kHeadV] = head_mode ? size_t(head_keys) * size_t(g.Dvq) * f : 0;
   bytes[kVtmp] = size_t(g.Dvq) * f;
   bytes[kSt] = bk * size_t(kPanelRows) * f;
   bytes[kO] = rows * size_t(g.Dvp) * f;
@@ -267,10 +275,13 @@ Geometry MakeGeometry(const AttnParams& p, const Plan& plan) {
 struct Scratch {
   float* qt;
   float* qrow;
-  float* kpack;  // the block being computed: one of kbuf, vbuf
+  float* kpack;  // the block being computed: K rows [key][D] and V panels (panel stride vstride)
   float* vpack;
+  int64_t vstride;
   float* kbuf[2];  // double buffer: the next block is packed while this one computes
   float* vbuf[2];
+  float* head_k;  // head mode: all keys of one (sequence, kv head), packed once
+  float* head_v;
   float* vtmp;
   float* st;
   float* o;
@@ -287,6 +298,9 @@ Scratch CarveScratch(const Geometry& g, unsigned char* base) {
   w.kbuf[1] = reinterpret_cast<float*>(at(kK1));
   w.vbuf[0] = w.vpack = reinterpret_cast<float*>(at(kV0));
   w.vbuf[1] = reinterpret_cast<float*>(at(kV1));
+  w.vstride = g.block_kv * kPanelCols;
+  w.head_k = reinterpret_cast<float*>(at(kHeadK));
+  w.head_v = reinterpret_cast<float*>(at(kHeadV));
   w.vtmp = reinterpret_cast<float*>(at(kVtmp));
   w.st = reinterpret_cast<float*>(at(kSt));
   w.o = reinterpret_cast<float*>(at(kO));
@@ -373,45 +387,60 @@ void AccumulatePv(const Geometry& g, const Panel& pn, const Scratch& w) {
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t v = 0; v < vecs_total; v += kRowVecs) {
         const int64_t c = std::min<int64_t>(kRowVecs, vecs_total - v);
-        kRowPv[size_t(c - 1)](w.st + (r - pn.row0), pn.mp, w.vpack, g.block_kv * kPanelCols, a, e, v,
+        kRowPv[size_t(c - 1)](w.st + (r - pn.row0), pn.mp, w.vpack, w.vstride, a, e, v,
                               w.o + r * g.Dvp + v * kLanes);
       }
     }
   };
-  for (int64_t r0 = pn.row0; r0 < pn.row0 + pn.rows; r0 += kTile.rows) {
-    const int64_t nr = std::min<int64_t>(kTile.rows, pn.row0 + pn.rows - r0);
-    // Keys every row of the group sees: the register tile; the rest row by row.
-    int64_t a = 0, e = std::numeric_limits<int64_t>::max();
+  // Keys every row of a group sees go through the register tile; the rest row by row. Column
+  // chunks outermost: one chunk of the V panel (block_kv x 64 bytes) stays in L1 while every
+  // group of the panel's P^T (also L1) passes over it.
+  constexpr int64_t kGroups = kPanelRows / kTile.rows;
+  int64_t a[kGroups], e[kGroups];
+  bool fast[kGroups];
+  for (int64_t gi = 0; gi * kTile.rows < pn.rows; ++gi) {
+    const int64_t r0 = pn.row0 + gi * kTile.rows, nr = std::min<int64_t>(kTile.rows, pn.row0 + pn.rows - r0);
+    a[gi] = 0;
+    e[gi] = std::numeric_limits<int64_t>::max();
     bool any_empty = false;
     for (int64_t r = r0; r < r0 + nr; ++r) {
       const int64_t lo = static_cast<int64_t>(w.lo[r]), hi = static_cast<int64_t>(w.hi[r]);
       any_empty |= lo >= hi;
-      a = std::max(a, lo);
-      e = std::min(e, hi);
+      a[gi] = std::max(a[gi], lo);
+      e[gi] = std::min(e[gi], hi);
     }
-    if (any_empty || a >= e) {
-      for (int64_t r = r0; r < r0 + nr; ++r)
-        row_range(r, r + 1, static_cast<int64_t>(w.lo[r]), static_cast<int64_t>(w.hi[r]));
-      continue;
+    fast[gi] = !any_empty && a[gi] < e[gi];
+  }
+  for (int64_t v = 0; v < vecs_total; v += kTile.vecs) {
+    const int64_t nc = std::min<int64_t>(kTile.vecs, vecs_total - v);
+    const float* panel = w.vpack + (v / kTile.vecs) * w.vstride;
+    for (int64_t gi = 0; gi * kTile.rows < pn.rows; ++gi) {
+      if (!fast[gi]) continue;
+      const int64_t r0 = pn.row0 + gi * kTile.rows, nr = std::min<int64_t>(kTile.rows, pn.row0 + pn.rows - r0);
+      kPv[size_t(nc - 1)][size_t(nr - 1)](w.st + a[gi] * pn.mp + (r0 - pn.row0), pn.mp, panel + a[gi] * kPanelCols,
+                                          e[gi] - a[gi], w.o + r0 * g.Dvp + v * kLanes, g.Dvp);
     }
-    for (int64_t v = 0; v < vecs_total; v += kTile.vecs) {
-      const int64_t nc = std::min<int64_t>(kTile.vecs, vecs_total - v);
-      const float* vp = w.vpack + (v / kTile.vecs) * g.block_kv * kPanelCols + a * kPanelCols;
-      kPv[size_t(nc - 1)][size_t(nr - 1)](w.st + a * pn.mp + (r0 - pn.row0), pn.mp, vp, e - a,
-                                          w.o + r0 * g.Dvp + v * kLanes, g.Dvp);
-    }
+  }
+  for (int64_t gi = 0; gi * kTile.rows < pn.rows; ++gi) {
+    const int64_t r0 = pn.row0 + gi * kTile.rows, nr = std::min<int64_t>(kTile.rows, pn.row0 + pn.rows - r0);
     for (int64_t r = r0; r < r0 + nr; ++r) {
-      row_range(r, r + 1, static_cast<int64_t>(w.lo[r]), a);
-      row_range(r, r + 1, e, static_cast<int64_t>(w.hi[r]));
+      const int64_t lo = static_cast<int64_t>(w.lo[r]), hi = static_cast<int64_t>(w.hi[r]);
+      if (!fast[gi]) {
+        row_range(r, r + 1, lo, hi);
+        continue;
+      }
+      row_range(r, r + 1, lo, a[gi]);
+      row_range(r, r + 1, e[gi], hi);
     }
   }
 }
 
 // The caller's K/V rows are usually far apart (stride Hkv x D elements: one 4 KiB page per row
 // at Hkv = 8, D = 128), which defeats the hardware prefetchers' in-page streams, so copying a row
-// would wait a full memory latency (measured: packing took 12-17% of the kernel at S = 2048-4096
-// before the pipeline in RunTileBlocks). Within a copy loop, rows kPrefetchRows ahead are
-// requested too (the first block of a tile has no predecessor to hide its misses behind).
+// waits a full memory latency: per-tile packing took 12-17% of the kernel at S = 2048-4096. Head
+// mode packs each head once; per-tile packing prefetches the next block a few rows per score
+// step, and within a copy loop kPrefetchRows rows ahead (a tile's first block has no
+// predecessor to hide its misses behind).
 constexpr int64_t kPrefetchRows = 8;
 
 void PrefetchRow(const void* base, int64_t offset, DType type, int64_t n) {
@@ -429,27 +458,19 @@ void PrefetchRows(const AttnParams& p, const Geometry& g, const Tile& t, int64_t
 }
 
 // Converts keys [j0 + lo, j0 + hi) of the block starting at j0 to f32 in the micro-kernels'
-// layouts: K in groups of the score kernel's keys, [group][d][rows] (its broadcasts walk one
-// contiguous run), V in panels of the PV kernel's columns, [panel][key][kPanelCols] zero padded
-// past Dv (its loads walk one stream).
+// layouts: K rows [key][D] contiguous, V in panels of the PV kernel's columns,
+// [panel][key][kPanelCols] (panel stride vstride), zero padded past Dv, so the PV loads walk one
+// stream.
 void PackRows(const AttnParams& p, const Geometry& g, const Tile& t, int64_t j0, int64_t lo, int64_t hi,
-              float* kpack, float* vpack, const Scratch& w) {
+              float* kpack, float* vpack, int64_t vstride, const Scratch& w) {
   const DF df;
   std::fill(w.vtmp + g.Dv, w.vtmp + g.Dvq, 0.f);
   const bool f32 = p.kv_dtype == DType::f32;
   for (int64_t j = lo; j < hi; ++j) {
     if (j + kPrefetchRows < hi) PrefetchRows(p, g, t, j0 + j + kPrefetchRows, 1);
     const int64_t ko = k_offset(p, t.b, t.seq, j0 + j, t.hk), vo = v_offset(p, t.b, t.seq, j0 + j, t.hk);
-    // f32 rows go straight into the packed layouts; 16-bit rows are widened through a row buffer.
-    const float* krow = static_cast<const float*>(p.k) + ko;
-    if (!f32) {
-      RowToF32(p.k, ko, p.kv_dtype, g.D, w.qrow);
-      krow = w.qrow;
-    }
-    float* kg = kpack + (j / kTile.rows) * g.D * kTile.rows + j % kTile.rows;
-    for (int64_t d = 0; d < g.D; ++d) kg[d * kTile.rows] = krow[d];
+    RowToF32(p.k, ko, p.kv_dtype, g.D, kpack + j * g.D);
     float* vdst = vpack + j * kPanelCols;
-    const int64_t vstride = g.block_kv * kPanelCols;
     int64_t c = 0;
     if (f32) {
       const float* vrow = static_cast<const float*>(p.v) + vo;
@@ -465,24 +486,27 @@ void PackRows(const AttnParams& p, const Geometry& g, const Tile& t, int64_t j0,
 }
 
 // One panel of rows against the packed block: S^T = K Q^T, online softmax, rescale, O += P V.
-// The panel's S^T (block_kv x 48 floats: 24 KiB at block_kv = 128) stays in L1 between the three
+// The panel's S^T (block_kv x 48 floats: 18 KiB at block_kv = 96) stays in L1 between the three
 // steps, while the tile's Q^T and O are streamed once per block; so block_q (how many rows
-// share one packed K/V block) is not bounded by the size of S^T.
-// Meanwhile it prefetches keys [pf0, pf0 + pf_count) of the next block, a few rows per score
-// step: issued in one burst, most of a slice's ~250 line requests found the miss buffers full
-// and were dropped.
+// share one packed K/V block) is not bounded by the size of S^T. Meanwhile it prefetches keys
+// [pf0, pf0 + pf_count) of the next block, a few rows per score step: issued in one burst, most
+// of a slice's ~250 line requests found the miss buffers full and were dropped.
 void RunPanel(const AttnParams& p, const Geometry& g, const Tile& t, const Panel& pn, int64_t nk, bool masked,
               int64_t pf0, int64_t pf_count, const Scratch& w) {
   const DF df;
   const int64_t vec0 = pn.row0 / kLanes, nvec = pn.mp / kLanes;
-  const int64_t steps = (nk + kTile.rows - 1) / kTile.rows;
+  // Row-vector chunks outermost: one chunk of Q^T (D x 2 vectors: 8 KiB at D = 128) stays in L1
+  // while the block's K rows stream past it (6 broadcasts, 24 bytes, per 12 FMAs).
+  const int64_t groups = (nk + kTile.rows - 1) / kTile.rows;
+  const int64_t steps = groups * ((nvec + kTile.vecs - 1) / kTile.vecs);
   const int64_t pf_per_step = (pf_count + steps - 1) / std::max<int64_t>(steps, 1);
-  for (int64_t j = 0; j < nk; j += kTile.rows) {
-    const int64_t done = j / kTile.rows * pf_per_step;
-    PrefetchRows(p, g, t, pf0 + done, std::max<int64_t>(0, std::min(pf_per_step, pf_count - done)));
-    const int64_t nr = std::min<int64_t>(kTile.rows, nk - j);
-    for (int64_t c = 0; c < nvec; c += kTile.vecs) {
-      const int64_t nc = std::min<int64_t>(kTile.vecs, nvec - c);
+  int64_t step = 0;
+  for (int64_t c = 0; c < nvec; c += kTile.vecs) {
+    const int64_t nc = std::min<int64_t>(kTile.vecs, nvec - c);
+    for (int64_t j = 0; j < nk; j += kTile.rows, ++step) {
+      const int64_t done = step * pf_per_step;
+      PrefetchRows(p, g, t, pf0 + done, std::max<int64_t>(0, std::min(pf_per_step, pf_count - done)));
+      const int64_t nr = std::min<int64_t>(kTile.rows, nk - j);
       kScore[size_t(nc - 1)][size_t(nr - 1)](w.kpack + j * g.D, w.qt + (vec0 + c) * g.D * kLanes, g.D,
                                              w.st + j * pn.mp + c * kLanes, pn.mp);
     }
@@ -506,7 +530,9 @@ void RunPanel(const AttnParams& p, const Geometry& g, const Tile& t, const Panel
 
 // Runs the blocks [blk_begin, blk_end) of the tile (block k covers keys
 // [max(U0, U1 - (nb - k) * block_kv), U1 - (nb - 1 - k) * block_kv)) and leaves the
-// unnormalized state in w.o, w.m, w.l.
+// unnormalized state in w.o, w.m, w.l. In head mode the keys were packed once for the whole
+// (sequence, kv head) into w.head_k / w.head_v; otherwise each block is packed here, the next one
+// while this one computes.
 void RunTileBlocks(const AttnParams& p, const Geometry& g, const Tile& t, int64_t u0, int64_t u1, int64_t nb,
                    int64_t blk_begin, int64_t blk_end, const Scratch& w) {
   for (int64_t r = 0; r < t.mp; ++r) {
@@ -517,23 +543,30 @@ void RunTileBlocks(const AttnParams& p, const Geometry& g, const Tile& t, int64_
   if (blk_begin >= blk_end) return;
   auto block_start = [&](int64_t k) { return std::max(u0, u1 - (nb - k) * g.block_kv); };
   auto block_end = [&](int64_t k) { return u1 - (nb - 1 - k) * g.block_kv; };
-  {
+  if (!g.head_mode) {
     const int64_t j0 = block_start(blk_begin), nk = block_end(blk_begin) - j0;
     PrefetchRows(p, g, t, j0, std::min(kPrefetchRows, nk));
-    PackRows(p, g, t, j0, 0, nk, w.kbuf[0], w.vbuf[0], w);
+    PackRows(p, g, t, j0, 0, nk, w.kbuf[0], w.vbuf[0], w.vstride, w);
   }
   const int64_t panels = (t.rows + kPanelRows - 1) / kPanelRows;
   for (int64_t k = blk_begin; k < blk_end; ++k) {
     const int64_t cur = (k - blk_begin) % 2;
-    Scratch cw = w;
-    cw.kpack = w.kbuf[cur];
-    cw.vpack = w.vbuf[cur];
     const int64_t j0 = block_start(k), nk = block_end(k) - j0;
-    // Software pipeline over the next block: before panel i its slice i is prefetched and its
-    // slice i - 1 (prefetched one panel of arithmetic ago, so now in cache) is packed into the
-    // other buffer; the copy never waits on memory.
-    const int64_t nj0 = k + 1 < blk_end ? block_start(k + 1) : 0;
-    const int64_t nnk = k + 1 < blk_end ? block_end(k + 1) - nj0 : 0;
+    Scratch cw = w;
+    if (g.head_mode) {
+      cw.kpack = w.head_k + j0 * g.D;
+      cw.vpack = w.head_v + j0 * kPanelCols;
+      cw.vstride = g.head_keys * kPanelCols;
+    } else {
+      cw.kpack = w.kbuf[cur];
+      cw.vpack = w.vbuf[cur];
+    }
+    // Software pipeline over the next block (not in head mode): before panel i its slice i is
+    // prefetched (a few rows per score step) and its slice i - 1, prefetched one panel of
+    // arithmetic ago, is packed into the other buffer.
+    const bool pipeline = !g.head_mode && k + 1 < blk_end;
+    const int64_t nj0 = pipeline ? block_start(k + 1) : 0;
+    const int64_t nnk = pipeline ? block_end(k + 1) - nj0 : 0;
     const int64_t slice = (nnk + panels - 1) / panels;
     auto slice_range = [&](int64_t i, int64_t* lo, int64_t* hi) {
       *lo = std::min(nnk, i * slice);
@@ -549,9 +582,9 @@ void RunTileBlocks(const AttnParams& p, const Geometry& g, const Tile& t, int64_
       int64_t lo, hi;
       slice_range(i, &lo, &hi);
       const int64_t pf0 = nj0 + lo, pf_count = hi - lo;
-      if (i > 0) {
+      if (pipeline && i > 0) {
         slice_range(i - 1, &lo, &hi);
-        PackRows(p, g, t, nj0, lo, hi, w.kbuf[1 - cur], w.vbuf[1 - cur], w);
+        PackRows(p, g, t, nj0, lo, hi, w.kbuf[1 - cur], w.vbuf[1 - cur], w.vstride, w);
       }
       Panel pn;
       pn.row0 = i * kPanelRows;
@@ -566,9 +599,11 @@ void RunTileBlocks(const AttnParams& p, const Geometry& g, const Tile& t, int64_
       if (any_visible) RunPanel(p, g, t, pn, nk, masked, pf0, pf_count, cw);
       else PrefetchRows(p, g, t, pf0, pf_count);
     }
-    int64_t lo, hi;
-    slice_range(panels - 1, &lo, &hi);
-    PackRows(p, g, t, nj0, lo, hi, w.kbuf[1 - cur], w.vbuf[1 - cur], w);
+    if (pipeline) {
+      int64_t lo, hi;
+      slice_range(panels - 1, &lo, &hi);
+      PackRows(p, g, t, nj0, lo, hi, w.kbuf[1 - cur], w.vbuf[1 - cur], w.vstride, w);
+    }
   }
 }
 
@@ -593,6 +628,20 @@ void WriteRow(const AttnParams& p, const Geometry& g, const Tile& t, int64_t r, 
 // The task list: tiles ordered (sequence, kv head, query block from the LAST), so with dynamic
 // hand-out the long causal tiles start first and the short ones fill the tail.
 
+Tile MakeTile(const AttnParams& p, const Geometry& g, int64_t b, int64_t hk, int64_t q_block) {
+  Tile t;
+  t.b = b;
+  t.hk = hk;
+  t.seq = sequence(p, b);
+  t.pos0 = q_block * g.pos_per_tile;
+  t.npos = std::min(g.pos_per_tile, t.seq.seqlen_q - t.pos0);
+  t.rows = t.npos * g.G;
+  t.mp = RoundUp(t.rows, kLanes);
+  return t;
+}
+
+int64_t QueryBlocks(const Geometry& g, const SeqSpan& s) { return (s.seqlen_q + g.pos_per_tile - 1) / g.pos_per_tile; }
+
 struct TileIndex {
   const AttnParams* p;
   const Geometry* g;
@@ -600,17 +649,9 @@ struct TileIndex {
 
   Tile Get(int64_t index) const {
     const int64_t b = std::upper_bound(tiles_before, tiles_before + p->batch + 1, index) - tiles_before - 1;
-    Tile t;
-    t.b = b;
-    t.seq = sequence(*p, b);
-    const int64_t nq = (t.seq.seqlen_q + g->pos_per_tile - 1) / g->pos_per_tile;
+    const int64_t nq = QueryBlocks(*g, sequence(*p, b));
     const int64_t local = index - tiles_before[b];
-    t.hk = local / nq;
-    t.pos0 = (nq - 1 - local % nq) * g->pos_per_tile;
-    t.npos = std::min(g->pos_per_tile, t.seq.seqlen_q - t.pos0);
-    t.rows = t.npos * g->G;
-    t.mp = RoundUp(t.rows, kLanes);
-    return t;
+    return MakeTile(*p, *g, b, local / nq, nq - 1 - local % nq);
   }
 };
 
@@ -641,49 +682,95 @@ void PrepareTile(const AttnParams& p, const Geometry& g, const Tile& t, const Sc
   *nb = *u1 > *u0 ? (*u1 - *u0 + g.block_kv - 1) / g.block_kv : 0;
 }
 
+// How a call runs: the geometry (with the mode) and the work counts.
+struct CallShape {
+  Geometry g;
+  int64_t n_tiles = 0, n_heads = 0, n_tasks = 0;
+  int workers = 1;
+};
+
+// Head mode when every worker gets at least two whole heads and a head has two or more query
+// tiles on average: then packing K/V once per head instead of once per tile saves
+// (tiles per head - 1) strided passes over it, and the tiles stream the packed copy, which the
+// hardware prefetchers follow. It changes where K/V is read from, never a result bit. Decode and
+// few-head problems keep per-tile tasks (and key splits), which expose more parallelism.
+CallShape DecideShape(const AttnParams& p, const Plan& plan) {
+  CallShape c;
+  const Geometry g0 = MakeGeometry(p, plan, false, 0);
+  int64_t head_keys = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const SeqSpan s = sequence(p, b);
+    const int64_t nq = QueryBlocks(g0, s);
+    c.n_tiles += nq * p.heads_kv;
+    if (nq > 0) c.n_heads += p.heads_kv;
+    head_keys = std::max(head_keys, s.seqlen_k);
+  }
+  const int64_t want = std::max(plan.workers, 1);
+  const bool head_mode = g0.splits == 1 && c.n_tiles >= 2 * c.n_heads && (want == 1 || c.n_heads >= 2 * want);
+  c.g = head_mode ? MakeGeometry(p, plan, true, head_keys) : g0;
+  c.n_tasks = head_mode ? c.n_heads : c.n_tiles * c.g.splits;
+  c.workers = static_cast<int>(std::min<int64_t>(want, std::max<int64_t>(c.n_tasks, 1)));
+  return c;
+}
+
+// One tile (or split of one) from its prepared state to its output or partial.
+void RunTile(const AttnParams& p, const Geometry& g, const Tile& t, int64_t split, const Scratch& w, float* part) {
+  int64_t u0, u1, nb;
+  PrepareTile(p, g, t, w, &u0, &u1, &nb);
+  RunTileBlocks(p, g, t, u0, u1, nb, split * nb / g.splits, (split + 1) * nb / g.splits, w);
+  if (!part) {
+    for (int64_t r = 0; r < t.rows; ++r) WriteRow(p, g, t, r, w.o + r * g.Dvp, w.m[r], w.l[r]);
+    return;
+  }
+  std::memcpy(part, w.o, size_t(t.rows * g.Dvp) * sizeof(float));
+  std::memcpy(part + g.rows_max * g.Dvp, w.m, size_t(t.rows) * sizeof(float));
+  std::memcpy(part + g.rows_max * g.Dvp + g.rows_max, w.l, size_t(t.rows) * sizeof(float));
+}
+
 Status FlashForward(const AttnParams& p, const Plan& plan) {
   if (p.batch == 0 || p.heads_q == 0) return Status::ok();
-  const Geometry g = MakeGeometry(p, plan);
+  const CallShape shape = DecideShape(p, plan);
+  const Geometry& g = shape.g;
+  if (shape.n_tiles == 0) return Status::ok();
+  const int64_t n_tiles = shape.n_tiles, n_tasks = shape.n_tasks;
+  const int workers = shape.workers;
   ScratchPtr<int64_t> tiles_before = scratch_array<int64_t>(size_t(p.batch) + 1);
-  if (!tiles_before)
-    return Status::out_of_memory("CPU forward: could not allocate the tile-index scratch for batch=" + std::to_string(p.batch));
-  tiles_before[0] = 0;
-  for (int64_t b = 0; b < p.batch; ++b) {
-    const int64_t sq = sequence(p, b).seqlen_q;
-    tiles_before[b + 1] = tiles_before[b] + (sq + g.pos_per_tile - 1) / g.pos_per_tile * p.heads_kv;
-  }
-  const int64_t n_tiles = tiles_before[p.batch];
-  if (n_tiles == 0) return Status::ok();
-  const int64_t n_tasks = n_tiles * g.splits;
-  const int workers = static_cast<int>(std::min<int64_t>(std::max(plan.workers, 1), n_tasks));
-
   ScratchPtr<unsigned char> scratch = scratch_array<unsigned char>(g.worker_bytes * size_t(workers));
   ScratchPtr<float> partials;
   if (g.splits > 1) partials = scratch_array<float>(size_t(n_tasks) * size_t(g.partial_floats));
-  if (!scratch || (g.splits > 1 && !partials)) {
+  if (!tiles_before || !scratch || (g.splits > 1 && !partials)) {
     return Status::out_of_memory("CPU forward: could not allocate " +
                                  std::to_string(g.worker_bytes * size_t(workers) +
                                                 (g.splits > 1 ? size_t(n_tasks * g.partial_floats) * 4 : 0)) +
                                  " bytes of scratch (workers=" + std::to_string(workers) +
                                  ", kv_splits=" + std::to_string(g.splits) + ")");
   }
+  tiles_before[0] = 0;
+  for (int64_t b = 0; b < p.batch; ++b) tiles_before[b + 1] = tiles_before[b] + QueryBlocks(g, sequence(p, b)) * p.heads_kv;
+  if (g.head_mode) {
+    // Tasks are whole heads, in (sequence, kv head) order; sequences without query rows have none.
+    parallel_for(n_tasks, workers, [&](int64_t task, int worker) {
+      const Scratch w = CarveScratch(g, scratch.get() + size_t(worker) * g.worker_bytes);
+      int64_t b = 0, seen = 0;
+      for (;; ++b) {
+        if (QueryBlocks(g, sequence(p, b)) == 0) continue;
+        if (task < seen + p.heads_kv) break;
+        seen += p.heads_kv;
+      }
+      const int64_t hk = task - seen;
+      const Tile head = MakeTile(p, g, b, hk, 0);
+      PrefetchRows(p, g, head, 0, std::min(kPrefetchRows, head.seq.seqlen_k));
+      PackRows(p, g, head, 0, 0, head.seq.seqlen_k, w.head_k, w.head_v, g.head_keys * kPanelCols, w);
+      const int64_t nq = QueryBlocks(g, head.seq);
+      for (int64_t q = 0; q < nq; ++q) RunTile(p, g, MakeTile(p, g, b, hk, q), 0, w, nullptr);
+    });
+    return Status::ok();
+  }
   const TileIndex index{&p, &g, tiles_before.get()};
-
   parallel_for(n_tasks, workers, [&](int64_t task, int worker) {
     const Scratch w = CarveScratch(g, scratch.get() + size_t(worker) * g.worker_bytes);
     const int64_t tile_index = task / g.splits, split = task % g.splits;
-    const Tile t = index.Get(tile_index);
-    int64_t u0, u1, nb;
-    PrepareTile(p, g, t, w, &u0, &u1, &nb);
-    RunTileBlocks(p, g, t, u0, u1, nb, split * nb / g.splits, (split + 1) * nb / g.splits, w);
-    if (g.splits == 1) {
-      for (int64_t r = 0; r < t.rows; ++r) WriteRow(p, g, t, r, w.o + r * g.Dvp, w.m[r], w.l[r]);
-      return;
-    }
-    float* part = partials.get() + task * g.partial_floats;
-    std::memcpy(part, w.o, size_t(t.rows * g.Dvp) * sizeof(float));
-    std::memcpy(part + g.rows_max * g.Dvp, w.m, size_t(t.rows) * sizeof(float));
-    std::memcpy(part + g.rows_max * g.Dvp + g.rows_max, w.l, size_t(t.rows) * sizeof(float));
+    RunTile(p, g, index.Get(tile_index), split, w, g.splits > 1 ? partials.get() + task * g.partial_floats : nullptr);
   });
   if (g.splits == 1) return Status::ok();
 
@@ -716,14 +803,9 @@ Status FlashForward(const AttnParams& p, const Plan& plan) {
 }
 
 size_t ScratchBytes(const AttnParams& p, const Plan& plan) {
-  const Geometry g = MakeGeometry(p, plan);
-  int64_t tiles = 0;
-  for (int64_t b = 0; b < p.batch; ++b)
-    tiles += (sequence(p, b).seqlen_q + g.pos_per_tile - 1) / g.pos_per_tile * p.heads_kv;
-  const int64_t tasks = tiles * g.splits;
-  const size_t workers = size_t(std::max<int64_t>(1, std::min<int64_t>(std::max(plan.workers, 1), tasks)));
-  return g.worker_bytes * workers + size_t(p.batch + 1) * sizeof(int64_t) +
-         (g.splits > 1 ? size_t(tasks * g.partial_floats) * sizeof(float) : 0);
+  const CallShape c = DecideShape(p, plan);
+  return c.g.worker_bytes * size_t(c.workers) + size_t(p.batch + 1) * sizeof(int64_t) +
+         (c.g.splits > 1 ? size_t(c.n_tasks * c.g.partial_floats) * sizeof(float) : 0);
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
