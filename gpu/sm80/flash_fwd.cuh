@@ -38,6 +38,7 @@ struct FwdShape {
   static constexpr int o_tiles = D / 8;            // n8 tiles of O
   static constexpr int pitch = gpu_tile_row_pitch(D);
   static constexpr int64_t smem_bytes = gpu_tile_smem_bytes(tile, D);
+  static constexpr int min_ctas = warps == 4 ? 2 : 1;
   static constexpr bool matches(const GpuTile& t) {
     return t.supported && t.block_q == BlockQ && t.block_kv == BlockKv && t.warps == Warps && t.stages == Stages;
   }
@@ -66,10 +67,24 @@ __device__ __forceinline__ void load_tile(Elem* smem, const Elem* base, int vali
   }
 }
 
+// Pairwise reduction of a register array; the order is fixed, so results stay bitwise
+// reproducible.
+template <int N, class Op>
+__device__ __forceinline__ float tree_reduce(float (&x)[N], Op op) {
+  static_assert((N & (N - 1)) == 0, "power of two");
+  // Both loops have constant trip counts, so they unroll fully and x stays in registers.
+#pragma unroll
+  for (int width = N / 2; width >= 1; width /= 2)
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i)
+      if (i < width) x[i] = op(x[i], x[i + width]);
+  return x[0];
+}
+
 // Two CTAs per SM where the tile leaves room (4 warps, <= 113 KB): 8 warps keep the tensor
 // cores fed while another CTA's warps wait on their barrier or copies.
 template <class Elem, class Shape>
-__global__ void __launch_bounds__(Shape::threads, Shape::warps == 4 ? 2 : 1)
+__global__ void __launch_bounds__(Shape::threads, Shape::min_ctas)
     flash_fwd_kernel(const __grid_constant__ AttnParams p) {
   constexpr int D = Shape::head_dim;
   using Ops = ElemOps<Elem>;
@@ -106,8 +121,11 @@ __global__ void __launch_bounds__(Shape::threads, Shape::warps == 4 ? 2 : 1)
   const Elem* k = static_cast<const Elem*>(p.k);
   const Elem* v = static_cast<const Elem*>(p.v);
 
-  load_tile<D, Threads, BM>(sQ, q, rows_here,
-                            [&](int r) { return q_offset(p, b, seq, m0 + r, h); });
+  // Query rows, and key rows without a block table, are affine in the row index (the accessors
+  // of common/params.h): one accessor call per tile gives row 0 and the rest step by the seq
+  // stride. Paged keys go through the accessor row by row.
+  load_tile<D, Threads, BM>(sQ, q + q_offset(p, b, seq, m0, h), rows_here,
+                            [&](int r) { return int64_t(r) * p.q_seq_stride; });
   cp_async_commit();
 
   // Tiles are walked from the last key block down, so the blocks the causal diagonal or the
@@ -116,10 +134,17 @@ __global__ void __launch_bounds__(Shape::threads, Shape::warps == 4 ? 2 : 1)
     const int buf = tile_index % Stages;
     const int64_t n0 = int64_t(n_end - 1 - tile_index) * BN;
     const int valid = int(seq.seqlen_k - n0 < BN ? seq.seqlen_k - n0 : BN);
-    load_tile<D, Threads, BN>(sK + buf * BN * P, k, valid,
-                              [&](int r) { return k_offset(p, b, seq, n0 + r, hk); });
-    load_tile<D, Threads, BN>(sV + buf * BN * P, v, valid,
-                              [&](int r) { return v_offset(p, b, seq, n0 + r, hk); });
+    Elem* k_dst = sK + buf * BN * P;
+    Elem* v_dst = sV + buf * BN * P;
+    if (p.block_table) {
+      load_tile<D, Threads, BN>(k_dst, k, valid, [&](int r) { return k_offset(p, b, seq, n0 + r, hk); });
+      load_tile<D, Threads, BN>(v_dst, v, valid, [&](int r) { return v_offset(p, b, seq, n0 + r, hk); });
+    } else {
+      load_tile<D, Threads, BN>(k_dst, k + k_offset(p, b, seq, n0, hk), valid,
+                                [&](int r) { return int64_t(r) * p.k_seq_stride; });
+      load_tile<D, Threads, BN>(v_dst, v + v_offset(p, b, seq, n0, hk), valid,
+                                [&](int r) { return int64_t(r) * p.v_seq_stride; });
+    }
   };
 #pragma unroll
   for (int s = 0; s < Stages - 1; ++s) {
@@ -131,14 +156,19 @@ __global__ void __launch_bounds__(Shape::threads, Shape::warps == 4 ? 2 : 1)
   const int g = lane / 4, t = lane % 4;
   const int warp_row0 = warp * Shape::warp_rows;
 
-  // Scores are rounded into the log2 domain (x = s * scale * log2(e), or the softcap's
-  // c * log2(e) * tanh(s * scale / c)) before the max is taken, so the row's largest score gives
-  // exactly exp2(x - m) = 1. Folding the scale into one FFMA against an unscaled max instead,
-  // exp2(s * c - m * c), leaves the rounding error of m * c, which is absolute: at logits
-  // ~1e11 (q = k = v = 133120, pytorch issue 121558) it is thousands, and exp2 overflows.
+  // Scores enter the exponent in the log2 domain: x = s * scale * log2(e), or with softcap
+  // c * log2(e) * tanh(s * scale / c). The running max m is kept in that domain, rounded exactly
+  // as the scores are, so the row's largest score gives exp2(x - m) = 1. With a positive scale
+  // and no softcap the raw scores are not transformed: max(s) * k rounds to the max of the
+  // rounded products (rounding is monotone), and the exponent is one FFMA, exp2(s * k - m).
+  // Its argument then carries the rounding error of s * k, below ulp(m) / 2: harmless while
+  // |m| < 2^22 (error <= 1/4), but at logits ~1e11 (q = k = v = 133120, pytorch issue 121558)
+  // it is thousands and exp2 overflows, so such warps take the two-step form.
   const bool softcap = p.softcap > 0.f;
+  const bool fused = !softcap && p.scale > 0.f;
   const float score_mul = softcap ? p.scale / p.softcap : p.scale * softmax::kLog2e;
   const float softcap_log2 = p.softcap * softmax::kLog2e;
+  constexpr float kFusedLimit = 4194304.f;  // 2^22
 
   float o[MT][OT][4];
   float row_max[MT][2], row_sum[MT][2];
@@ -195,7 +225,7 @@ __global__ void __launch_bounds__(Shape::threads, Shape::warps == 4 ? 2 : 1)
         for (int n = 0; n < NT; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mt][n][e] = softcap_log2 * tanhf(s[mt][n][e] * score_mul);
-    } else {
+    } else if (!fused) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -203,6 +233,7 @@ __global__ void __launch_bounds__(Shape::threads, Shape::warps == 4 ? 2 : 1)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mt][n][e] *= score_mul;
     }
+    const float k = fused ? score_mul : 1.f;
 
     if constexpr (Masked) {
 #pragma unroll
@@ -221,36 +252,68 @@ __global__ void __launch_bounds__(Shape::threads, Shape::warps == 4 ? 2 : 1)
     }
 
     // Online softmax (common/online_softmax.h): the quad of lanes sharing a row agrees on its
-    // max; the row sum stays per lane until the end.
+    // max; the row sum stays per lane until the end. Max and sum reduce pairwise (dependency
+    // depth log2(2 * NT) instead of 2 * NT: with two warps per scheduler the chains' latency
+    // is not hidden).
     auto exp2_fn = [](float d) { return fast_exp2(d); };
+    float factor[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        float m = row_max[mt][hr];
+        float r[2 * NT];
 #pragma unroll
-        for (int n = 0; n < NT; ++n) m = fmaxf(m, fmaxf(s[mt][n][2 * hr], s[mt][n][2 * hr + 1]));
+        for (int n = 0; n < NT; ++n) r[2 * n] = s[mt][n][2 * hr], r[2 * n + 1] = s[mt][n][2 * hr + 1];
+        float m = fmaxf(row_max[mt][hr], tree_reduce(r, [](float a, float b) { return fmaxf(a, b); }) * k);
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        const float factor = softmax::rescale_factor(row_max[mt][hr], m, exp2_fn);
+        factor[mt][hr] = softmax::rescale_factor(row_max[mt][hr], m, exp2_fn);
         row_max[mt][hr] = m;
-        const float m_ref = softmax::max_for_exp(m);
-        float sum = 0.f;
+      }
+    bool small = true;
 #pragma unroll
-        for (int n = 0; n < NT; ++n)
+    for (int mt = 0; mt < MT; ++mt)
+      small &= fabsf(softmax::max_for_exp(row_max[mt][0])) < kFusedLimit &&
+               fabsf(softmax::max_for_exp(row_max[mt][1])) < kFusedLimit;
+    // Exponentiates the tile in place and folds it into the row sums; `arg` is the exponent.
+    auto exponentiate = [&](auto arg) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pe = fast_exp2(s[mt][n][2 * hr + e] - m_ref);
-            s[mt][n][2 * hr + e] = pe;
-            sum += pe;
-          }
-        row_sum[mt][hr] = row_sum[mt][hr] * factor + sum;
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const float m_ref = softmax::max_for_exp(row_max[mt][hr]);
+          float r[2 * NT];
+#pragma unroll
+          for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float pe = fast_exp2(arg(s[mt][n][2 * hr + e], m_ref));
+              s[mt][n][2 * hr + e] = pe;
+              r[2 * n + e] = pe;
+            }
+          row_sum[mt][hr] = row_sum[mt][hr] * factor[mt][hr] + tree_reduce(r, [](float a, float b) { return a + b; });
+        }
+    };
+    if (fused && __all_sync(0xffffffffu, small))
+      exponentiate([k](float x, float m_ref) { return fmaf(x, k, -m_ref); });
+    else  // __fmul_rn: rounded like the max, never contracted into an FMA
+      exponentiate([k](float x, float m_ref) { return __fmul_rn(x, k) - m_ref; });
+    // The rule's factor is exactly 1 unless the max grew; once the running max settles (most
+    // blocks of a long row) the whole warp skips the D / 2 multiplies per row.
+    bool grew = false;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) grew |= factor[mt][0] != 1.f || factor[mt][1] != 1.f;
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int d = 0; d < OT; ++d) {
-          o[mt][d][2 * hr] *= factor;
-          o[mt][d][2 * hr + 1] *= factor;
+          o[mt][d][0] *= factor[mt][0];
+          o[mt][d][1] *= factor[mt][0];
+          o[mt][d][2] *= factor[mt][1];
+          o[mt][d][3] *= factor[mt][1];
         }
-      }
+    }
 
 #pragma unroll
     for (int kn = 0; kn < BN / 16; ++kn) {
