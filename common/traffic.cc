@@ -108,7 +108,8 @@ double cpu_flash_scratch_step(const Plan& plan, const Problem& pr, const Hardwar
   return bytes;
 }
 
-TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw, const StandardPasses& sp) {
+TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw, const StandardPasses& sp,
+                          const TrafficOptions& opt) {
   TrafficReport rep;
   const Sizes sz = sizes_of(pr);
   const int64_t group = pr.heads_kv > 0 ? pr.heads_q / pr.heads_kv : 1;
@@ -128,8 +129,16 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   const double kv_head = double(pr.seqlen_k) * sz.kv_row;
   const double kv_std_per_qhead = double(pr.batch) * double(pr.heads_q) * kv_head;
   const double kv_std_per_kvhead = double(pr.batch) * double(pr.heads_kv) * kv_head;
+  // The baseline's per-head fp32 copies of Q, K, V and O (StandardPasses::staged_fp32_copies).
+  const double copy_head = sp.staged_fp32_copies ? 4.0 * double(pr.seqlen_q * (pr.head_dim + pr.head_dim_v) +
+                                                                pr.seqlen_k * (pr.head_dim + pr.head_dim_v))
+                                                 : 0.0;
+  const double copies = double(pr.batch) * double(pr.heads_q) * copy_head;
+  // A cold call's scratch crosses every outer boundary once, on the workers that get work.
+  const double active = std::min<double>(workers, std::max<int64_t>(1, plan.work_items > 0 ? plan.work_items : 1));
 
   double prev_flash_kv = kv_streamed, prev_std_kv = kv_std_per_qhead;
+  double best_share = 0;  // the largest per-worker share of the levels inside the current boundary
   for (size_t b = 0; b + 1 < hw.levels.size(); ++b) {
     const MemoryLevel& inner = hw.levels[b];
     BoundaryTraffic bt;
@@ -146,22 +155,29 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
       fr += partials / 2;
     } else {
       // The K/V slices of the units being processed concurrently (one per worker sharing this
-      // level), next to each worker's scratch, either stay here across the unit's query blocks
-      // or stream in again for each block.
-      const bool resident = sharing * (kv_unit + double(plan.working_set_bytes)) <= cap;
-      const double kv = std::min(prev_flash_kv, resident ? kv_once : kv_streamed);
+      // level) stay here across the unit's query blocks if they fit next to each worker's
+      // scratch. If not, what the scratch leaves of the worker's share still keeps that many
+      // bytes of the slice from one query block to the next, and only the rest streams in again:
+      // cachegrind shows K/V re-reads 2.85 times per head at S=1024, D=64 over four query
+      // blocks, not 4 (the all-or-nothing rule was 25-30% high there; docs/traffic.md).
+      const double free_bytes = std::max(0.0, cap / sharing - double(plan.working_set_bytes));
+      const double kept = kv_unit > 0 ? std::min(1.0, free_bytes / kv_unit) : 1.0;
+      const double kv = std::min(prev_flash_kv, kv_once + std::max(0.0, kv_streamed - kv_once) * (1.0 - kept));
       prev_flash_kv = kv;
-      fr = q_flash + kv + partials / 2;
+      fr = q_flash + kv + partials / 2 + (opt.cold_scratch ? active * double(plan.working_set_bytes) : 0.0);
       fw = sz.o + sz.lse + partials / 2;
       // A working set larger than this level's per-worker share spills: its per-step traffic
-      // then crosses this boundary as it crosses L1d-L2.
-      if (double(plan.working_set_bytes) > cap / sharing) {
-        fr += units * double(w.steps) * cpu_flash_scratch_step(plan, pr, hw, cap / sharing);
+      // then crosses this boundary as it crosses L1d-L2. Only if it fits no level between: a
+      // working set that stays in L2 never reaches an L3 whose per-core share is smaller
+      // (Neoverse V1: 1 MiB L2, 32 MiB L3 over 64 cores).
+      best_share = std::max(best_share, cap / sharing);
+      if (double(plan.working_set_bytes) > best_share) {
+        fr += units * double(w.steps) * cpu_flash_scratch_step(plan, pr, hw, best_share);
       }
     }
     // Standard: S of one head per worker; if those (and the head's K/V) fit this level, the S
     // passes stay inside it; K/V of a kv head is read once for its G q heads if it stays.
-    const bool s_resident = sharing * (sz.s_head + kv_head) <= cap;
+    const bool s_resident = sharing * (sz.s_head + kv_head + copy_head) <= cap;
     // At L1d-L2 the two GEMMs also stream their L2-resident operand through L1 once per
     // register-tile panel of the other (GotoBLAS blocking), as the flash kernel's tiles do.
     double gemm_l1 = 0;
@@ -178,7 +194,13 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
     const bool kv_resident = sharing * kv_head <= cap;
     const double kv_std = std::min(prev_std_kv, kv_resident ? kv_std_per_kvhead : kv_std_per_qhead);
     prev_std_kv = kv_std;
-    set(&bt, fr, fw, sz.q + kv_std + s_reads + gemm_l1, sz.o + sz.lse + s_writes);
+    // The copies are written (a write-allocating pass) and read back by the GEMMs or by the
+    // final conversion of O; S's passes evict them in between unless S stays. A cold call also
+    // fills S and the copies on first touch where they do stay.
+    const double copies_crossing = s_resident ? (opt.cold_scratch ? sharing * copy_head : 0.0) : copies;
+    const double s_first_touch = s_resident && opt.cold_scratch ? sharing * sz.s_head : 0.0;
+    set(&bt, fr, fw, sz.q + kv_std + s_reads + gemm_l1 + copies_crossing,
+        sz.o + sz.lse + s_writes + copies_crossing + s_first_touch);
     rep.levels.push_back(bt);
   }
   return rep;
@@ -228,13 +250,26 @@ TrafficReport gpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   if (sz.q + kv_once + sz.o <= cap) {
     kv_reads = kv_once;
   } else {
-    // Waves spanned, summed over units: one per unit plus one per wave boundary that cuts a
-    // unit's run of CTAs.
-    double waves_spanned = units;
+    // Waves spanned, summed over units: one per unit plus, for each wave boundary that cuts a
+    // unit's run of CTAs, the K/V its CTAs in the next wave read again. The CUDA kernel, like
+    // FlashAttention-2, runs a unit's query blocks from the last to the first (m_block =
+    // gridDim.x - 1 - blockIdx.x), so those are its FIRST query blocks: the whole K/V without
+    // a mask, only the prefix they see under a causal one (measured: 1.04x K/V causal against
+    // 1.26x without, H=16, S=16384, D=128; the whole-unit rule was 20% high causal).
+    const int64_t bq = std::max(1, plan.block_q), bkv = std::max(1, plan.block_kv);
+    const int64_t right = effective_window_right(pr.causal, pr.window_right);
+    auto first_blocks_rows = [&](int64_t nblocks) {
+      const int64_t last = std::min(pr.seqlen_q, nblocks * bq) - 1;
+      const int64_t begin = visible_keys(0, pr.seqlen_q, pr.seqlen_k, pr.window_left, right).begin / bkv * bkv;
+      const int64_t end = std::min(pr.seqlen_k, ceil_div(visible_keys(last, pr.seqlen_q, pr.seqlen_k, pr.window_left, right).end, bkv) * bkv);
+      return double(std::max<int64_t>(0, end - begin));
+    };
+    double reread_rows = 0;
     for (double k = 1; k * resident < total_ctas; ++k) {
-      if (std::fmod(k * resident, q_blocks) != 0) ++waves_spanned;
+      const double issued = std::fmod(k * resident, q_blocks);
+      if (issued != 0) reread_rows += first_blocks_rows(int64_t(q_blocks - issued));
     }
-    const double per_wave = w_active + qo_wave <= cap ? kv_once : waves_spanned * kv_unit;
+    const double per_wave = w_active + qo_wave <= cap ? kv_once : kv_once + reread_rows * sz.kv_row / splits;
     if (w_active <= cap) {
       kv_reads = per_wave;
     } else {
@@ -266,6 +301,28 @@ TrafficReport gpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
 
 }  // namespace
 
+StandardPasses cpu_baseline_passes() {
+  StandardPasses p;
+  p.s_reads = 2;   // the softmax's read (its in-place write finds the lines present), the PV sgemm's read
+  p.s_writes = 2;  // the beta = 0 zeroing pass, then the QK^T accumulation into S
+  p.staged_fp32_copies = true;
+  p.name = "project baseline (bench/lib: fp32 copies, sgemm beta=0 zeroing + QK^T, in-place softmax, sgemm PV)";
+  return p;
+}
+
+StandardPasses pytorch_math_passes(bool causal) {
+  if (!causal) return pytorch_math_passes();
+  // 7.4 reads and 4.75 writes of an fp32 S at H=16 S=4096 D=128, H=32 S=4096 D=64 and H=16
+  // S=16384 D=128 (bench/traffic/samples/gpu/math_*_causal.txt): about two more reads and one
+  // more write than without the mask, for building the boolean tril mask, turning it into an
+  // additive one and adding it to S.
+  StandardPasses p;
+  p.s_reads = 7.42;
+  p.s_writes = 4.76;
+  p.name = "PyTorch MATH, is_causal (calibrated on the causal Nsight Compute samples)";
+  return p;
+}
+
 StandardPasses pytorch_math_passes() {
   StandardPasses p;
   p.s_reads = 5.45;
@@ -280,8 +337,13 @@ TrafficReport predict_traffic(const Problem& pr, const Plan& plan, const Hardwar
 
 TrafficReport predict_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw,
                               const StandardPasses& standard) {
+  return predict_traffic(pr, plan, hw, standard, TrafficOptions{});
+}
+
+TrafficReport predict_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw,
+                              const StandardPasses& standard, const TrafficOptions& options) {
   TrafficReport rep = hw.kind == DeviceKind::gpu && hw.levels.size() >= 3 ? gpu_traffic(pr, plan, hw, standard)
-                                                                          : cpu_traffic(pr, plan, hw, standard);
+                                                                          : cpu_traffic(pr, plan, hw, standard, options);
   rep.hardware = hw.name;
   if (!rep.levels.empty()) {
     rep.flash_dram_bytes = rep.levels.back().flash_bytes;

@@ -36,15 +36,39 @@ struct StandardPasses {
   double s_reads = 2;   // the project's baseline: softmax reads S, the PV sgemm reads P
   double s_writes = 2;  // the QK^T sgemm writes S, the in-place softmax writes P
   std::string name = "baseline (sgemm QK^T -> S fp32, in-place softmax, sgemm PV)";
+  // The implementation converts each (batch, q head)'s Q, K and V into fp32 scratch copies that
+  // its GEMMs read, and accumulates O in an fp32 copy that is converted out at the end, as the
+  // project's baseline does (bench/lib/standard_attention.cc). Where S does not stay in a level,
+  // its passes evict the copies between their write and their read, so each copy crosses twice.
+  bool staged_fp32_copies = false;
 };
+
+// How a run starts. The default is the steady state of repeated calls: scratch memory is warm.
+struct TrafficOptions {
+  // The kernels' scratch (the flash workers' tiles; the baseline's S and fp32 copies) is freshly
+  // allocated and its first touch fills it from memory, as in one cold call (and as a cache
+  // simulator counts it, docs/traffic.md).
+  bool cold_scratch = false;
+};
+
+// The project's CPU baseline (bench/lib/standard_attention.cc) counted in the lines it brings
+// into a level: cblas_sgemm with beta = 0 first zeroes S (a write-allocating pass), then adds
+// Q K^T into it (a second pass); the softmax reads S and rewrites it in place (one pass: the lines
+// are already there); the PV sgemm reads P. Plus the per-head fp32 staging copies.
+StandardPasses cpu_baseline_passes();
 
 // PyTorch's unfused MATH path on CUDA (f16/bf16 upcast to fp32, softmax, the _safe_softmax
 // masking passes): calibrated on ANCHORS.md's three Nsight Compute measurements, which show
 // 5.36-5.5 reads and 3.7-3.8 writes of an fp32 S; see docs/model.md.
 StandardPasses pytorch_math_passes();
+// The same with is_causal: the boolean mask is built and applied by further passes over S,
+// calibrated on the three causal Nsight Compute points in bench/traffic/samples/gpu.
+StandardPasses pytorch_math_passes(bool causal);
 
 TrafficReport predict_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw);
 TrafficReport predict_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw,
                               const StandardPasses& standard);
+TrafficReport predict_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw,
+                              const StandardPasses& standard, const TrafficOptions& options);
 
 }  // namespace ioattn

@@ -1,0 +1,466 @@
+// Parsers for measured memory traffic and its pairing with the traffic model (docs/traffic.md):
+// valgrind cachegrind summaries of bench/traffic/traffic_run on one thread, and Nsight Compute
+// CSV of the CUDA forward and of PyTorch's MATH path. Header-only so that the Catch2 test
+// (tests/test_traffic_measured.cc) and the report tool (traffic_report) share it without a
+// library of their own.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/hardware.h"
+#include "common/planner.h"
+#include "common/problem.h"
+#include "common/traffic.h"
+
+namespace ioattn::measured {
+
+using Fields = std::map<std::string, std::string>;
+
+// "tag key=value key=value ..." on the first line of `text` that starts with `tag`.
+inline bool find_tagged_line(const std::string& text, const std::string& tag, Fields* out) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(tag + " ", 0) != 0) continue;
+    std::istringstream words(line.substr(tag.size() + 1));
+    std::string w;
+    out->clear();
+    while (words >> w) {
+      const size_t eq = w.find('=');
+      if (eq != std::string::npos) (*out)[w.substr(0, eq)] = w.substr(eq + 1);
+    }
+    return true;
+  }
+  return false;
+}
+
+inline bool field_int(const Fields& f, const std::string& key, int64_t* v, std::string* error) {
+  const auto it = f.find(key);
+  char* end = nullptr;
+  if (it == f.end() || it->second.empty() || (*v = std::strtoll(it->second.c_str(), &end, 10), *end != '\0')) {
+    *error = "field '" + key + "' missing or not an integer";
+    return false;
+  }
+  return true;
+}
+
+// "1,234,567" -> 1234567.
+inline bool parse_grouped(const std::string& s, double* v) {
+  std::string digits;
+  for (char c : s) {
+    if (c == ',') continue;
+    if (c < '0' || c > '9') return false;
+    digits += c;
+  }
+  if (digits.empty()) return false;
+  *v = std::strtod(digits.c_str(), nullptr);
+  return true;
+}
+
+// ---- cachegrind ---------------------------------------------------------------------------
+// The summary valgrind prints to stderr, e.g.
+//   ==123== D1  misses:     15,843,825  ( 14,574,090 rd   +  1,269,735 wr)
+//   ==123== LLd misses:        861,927  (    578,142 rd   +    283,785 wr)
+// Misses are lines filled into the simulated level, demand reads and write-allocates alike;
+// cachegrind simulates no write-backs and no prefetcher (docs/traffic.md).
+struct CachegrindCounts {
+  double d1_read_misses = 0, d1_write_misses = 0;
+  double lld_read_misses = 0, lld_write_misses = 0;
+  int64_t d1_bytes = 0, ll_bytes = 0, line = 0;  // simulated geometry, from the command line
+};
+
+inline bool parse_cachegrind_line(const std::string& text, const std::string& label, double* rd, double* wr) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t at = line.find(label);
+    if (line.rfind("==", 0) != 0 || at == std::string::npos) continue;
+    const size_t open = line.find('(', at), plus = line.find('+', at), close = line.find(')', at);
+    if (open == std::string::npos || plus == std::string::npos || close == std::string::npos) return false;
+    std::istringstream a(line.substr(open + 1, plus - open - 1)), b(line.substr(plus + 1, close - plus - 1));
+    std::string na, nb, ta, tb;
+    a >> na >> ta;
+    b >> nb >> tb;
+    return ta == "rd" && tb == "wr" && parse_grouped(na, rd) && parse_grouped(nb, wr);
+  }
+  return false;
+}
+
+// "--D1=32768,8,64" in valgrind's "Command:"-less option echo is not printed, so the run script
+// records the geometry on its own tagged line: "ioattn-cachegrind D1=32768,8,64 LL=524288,8,64".
+inline bool parse_cachegrind(const std::string& text, CachegrindCounts* c, std::string* error) {
+  if (!parse_cachegrind_line(text, "D1  misses:", &c->d1_read_misses, &c->d1_write_misses) ||
+      !parse_cachegrind_line(text, "LLd misses:", &c->lld_read_misses, &c->lld_write_misses)) {
+    *error = "no cachegrind 'D1  misses' / 'LLd misses' summary (was it run with --cache-sim=yes?)";
+    return false;
+  }
+  Fields g;
+  if (!find_tagged_line(text, "ioattn-cachegrind", &g) || !g.count("D1") || !g.count("LL")) {
+    *error = "no 'ioattn-cachegrind D1=... LL=...' geometry line";
+    return false;
+  }
+  auto geometry = [](const std::string& s, int64_t* size, int64_t* line) {
+    long long a = 0, b = 0, l = 0;
+    if (std::sscanf(s.c_str(), "%lld,%lld,%lld", &a, &b, &l) != 3 || a <= 0 || b <= 0 || l <= 0) return false;
+    *size = a;
+    *line = l;
+    return true;
+  };
+  int64_t l1_line = 0, ll_line = 0;
+  if (!geometry(g["D1"], &c->d1_bytes, &l1_line) || !geometry(g["LL"], &c->ll_bytes, &ll_line) || l1_line != ll_line) {
+    *error = "malformed cache geometry '" + g["D1"] + "' / '" + g["LL"] + "'";
+    return false;
+  }
+  c->line = l1_line;
+  return true;
+}
+
+// One recorded cachegrind run of traffic_run (bench/traffic/samples/cpu/*.txt).
+struct CpuRun {
+  std::string file;
+  Fields run;  // the driver's "ioattn-traffic-run" line
+  CachegrindCounts counts;
+};
+
+inline bool parse_cpu_run(const std::string& file, const std::string& text, CpuRun* r, std::string* error) {
+  r->file = file;
+  if (!find_tagged_line(text, "ioattn-traffic-run", &r->run)) {
+    *error = file + ": no 'ioattn-traffic-run' line from the driver";
+    return false;
+  }
+  std::string why;
+  if (!parse_cachegrind(text, &r->counts, &why)) {
+    *error = file + ": " + why;
+    return false;
+  }
+  return true;
+}
+
+inline std::string shape_key(const Fields& f) {
+  auto g = [&](const char* k) { return f.count(k) ? f.at(k) : std::string("?"); };
+  return "h" + g("heads") + "_s" + g("seqlen") + "_d" + g("dim") + "_" + g("dtype");
+}
+
+// A kernel run minus the `none` run of the same shape: the forward's own fills.
+struct CpuPoint {
+  std::string name;  // e.g. "flash h1_s1024_d64_f32 causal"
+  std::string kernel;
+  Problem problem;
+  Plan plan;
+  int simd_bits = 256;
+  int64_t l1_bytes = 0, l2_bytes = 0, line = 64;
+  double measured_l1_l2 = 0;     // (D1 read + write misses) x line
+  double measured_l2_beyond = 0;  // (LLd read + write misses) x line
+};
+
+inline bool make_problem_plan(const Fields& f, Problem* pr, Plan* plan, int* simd_bits, std::string* error) {
+  int64_t heads, heads_kv, seqlen, dim, causal, bq, bkv, dp, rr, rc, splits, workers, ws, bits;
+  if (!field_int(f, "heads", &heads, error) || !field_int(f, "heads_kv", &heads_kv, error) ||
+      !field_int(f, "seqlen", &seqlen, error) || !field_int(f, "dim", &dim, error) ||
+      !field_int(f, "causal", &causal, error) || !field_int(f, "block_q", &bq, error) ||
+      !field_int(f, "block_kv", &bkv, error) || !field_int(f, "head_dim_padded", &dp, error) ||
+      !field_int(f, "reg_rows", &rr, error) || !field_int(f, "reg_cols", &rc, error) ||
+      !field_int(f, "kv_splits", &splits, error) || !field_int(f, "workers", &workers, error) ||
+      !field_int(f, "working_set", &ws, error) || !field_int(f, "simd_bits", &bits, error))
+    return false;
+  const std::string dt = f.count("dtype") ? f.at("dtype") : "";
+  DType t;
+  if (dt == "f32") t = DType::f32;
+  else if (dt == "bf16") t = DType::bf16;
+  else if (dt == "f16") t = DType::f16;
+  else {
+    *error = "unknown dtype '" + dt + "'";
+    return false;
+  }
+  *pr = Problem{};
+  pr->batch = 1;
+  pr->heads_q = heads;
+  pr->heads_kv = heads_kv;
+  pr->seqlen_q = pr->seqlen_k = seqlen;
+  pr->head_dim = pr->head_dim_v = dim;
+  pr->dtype = pr->kv_dtype = t;
+  pr->causal = causal != 0;
+  *plan = Plan{};
+  plan->backend = Backend::cpu;
+  plan->block_q = int(bq);
+  plan->block_kv = int(bkv);
+  plan->head_dim_padded = int(dp);
+  plan->reg_rows = int(rr);
+  plan->reg_cols = int(rc);
+  plan->kv_splits = int(splits);
+  plan->workers = int(workers);
+  plan->working_set_bytes = ws;
+  plan->units = heads_kv;
+  plan->rows_per_unit = heads / std::max<int64_t>(1, heads_kv) * seqlen;
+  *simd_bits = int(bits);
+  return true;
+}
+
+// Pairs every flash/standard run with the `none` run of its shape and subtracts.
+inline bool cpu_points(const std::vector<CpuRun>& runs, std::vector<CpuPoint>* out, std::string* error) {
+  std::map<std::string, const CpuRun*> none;
+  for (const CpuRun& r : runs)
+    if (r.run.count("kernel") && r.run.at("kernel") == "none") none[shape_key(r.run)] = &r;
+  for (const CpuRun& r : runs) {
+    const std::string kernel = r.run.count("kernel") ? r.run.at("kernel") : "";
+    if (kernel == "none") continue;
+    const auto base = none.find(shape_key(r.run));
+    if (base == none.end()) {
+      *error = r.file + ": no 'none' run of shape " + shape_key(r.run) + " to subtract";
+      return false;
+    }
+    const CachegrindCounts &k = r.counts, &n = base->second->counts;
+    if (k.d1_bytes != n.d1_bytes || k.ll_bytes != n.ll_bytes) {
+      *error = r.file + ": cache geometry differs from its 'none' run";
+      return false;
+    }
+    CpuPoint p;
+    p.kernel = kernel;
+    const bool causal = r.run.count("causal") && r.run.at("causal") == "1";
+    p.name = kernel + " " + shape_key(r.run) + (causal ? " causal" : "");
+    if (!make_problem_plan(r.run, &p.problem, &p.plan, &p.simd_bits, error)) {
+      *error = r.file + ": " + *error;
+      return false;
+    }
+    p.l1_bytes = k.d1_bytes;
+    p.l2_bytes = k.ll_bytes;
+    p.line = k.line;
+    p.measured_l1_l2 = double(k.line) * (k.d1_read_misses + k.d1_write_misses - n.d1_read_misses - n.d1_write_misses);
+    p.measured_l2_beyond =
+        double(k.line) * (k.lld_read_misses + k.lld_write_misses - n.lld_read_misses - n.lld_write_misses);
+    out->push_back(p);
+  }
+  return true;
+}
+
+// The hierarchy cachegrind simulates: one core's L1d and a private L2 standing for its "LL", then
+// memory. Nothing is shared, there is no L3, one worker.
+inline HardwareProfile cachegrind_profile(int64_t l1, int64_t l2, int line, int simd_bits) {
+  HardwareProfile hw;
+  hw.name = "cachegrind";
+  hw.description = "cachegrind's simulated L1d and LL, one core";
+  hw.kind = DeviceKind::cpu;
+  hw.cores = 1;
+  hw.simd_bits = simd_bits;
+  MemoryLevel a, b, m;
+  a.name = "L1d";
+  a.size_bytes = l1;
+  a.line_bytes = line;
+  b.name = "L2";
+  b.size_bytes = l2;
+  b.line_bytes = line;
+  m.name = "DRAM";
+  m.line_bytes = line;
+  hw.levels = {a, b, m};
+  return hw;
+}
+
+struct Comparison {
+  std::string boundary;
+  double predicted = 0, measured = 0;
+  double error() const { return measured > 0 ? predicted / measured - 1.0 : 0.0; }
+};
+
+inline std::vector<Comparison> compare_cpu(const CpuPoint& p) {
+  const HardwareProfile hw = cachegrind_profile(p.l1_bytes, p.l2_bytes, int(p.line), p.simd_bits);
+  // cachegrind counts the lines brought into a level: the model's reads plus its writes, every
+  // written line being filled first (write-allocate); the driver's forward is one cold call.
+  TrafficOptions cold;
+  cold.cold_scratch = true;
+  const TrafficReport rep = predict_traffic(p.problem, p.plan, hw, cpu_baseline_passes(), cold);
+  const bool flash = p.kernel == "flash";
+  auto bytes = [&](size_t i) { return flash ? rep.levels[i].flash_bytes : rep.levels[i].standard_bytes; };
+  return {{"L1d-L2", bytes(0), p.measured_l1_l2}, {"L2-beyond", bytes(1), p.measured_l2_beyond}};
+}
+
+inline bool read_text(const std::string& path, std::string* text) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream s;
+  s << in.rdbuf();
+  *text = s.str();
+  return true;
+}
+
+// Every *.txt under dir, sorted by name.
+inline std::vector<std::string> list_files(const std::string& dir, const std::string& ext) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.is_regular_file() && e.path().extension() == ext) files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+inline bool load_cpu_points(const std::string& dir, std::vector<CpuPoint>* out, std::string* error) {
+  std::vector<CpuRun> runs;
+  for (const std::string& f : list_files(dir, ".txt")) {
+    std::string text;
+    CpuRun r;
+    if (!read_text(f, &text) || !parse_cpu_run(f, text, &r, error)) return false;
+    runs.push_back(r);
+  }
+  if (runs.empty()) {
+    *error = "no cachegrind samples (*.txt) in " + dir;
+    return false;
+  }
+  return cpu_points(runs, out, error);
+}
+
+// ---- Nsight Compute ----------------------------------------------------------------------
+// `ncu --csv --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum` prints one
+// row per (kernel launch, metric): ..."Metric Name","Metric Unit","Metric Value". A forward may be
+// several kernels (PyTorch's MATH path is about ten), so the rows are summed per metric. Each
+// recorded sample starts with "ioattn-ncu impl=... batch=... heads=... seqlen=... dim=...
+// causal=... dtype=..." written by bench/traffic/gpu_ncu.sh. Samples transcribed from
+// ANCHORS.md carry "dram_read=BYTES dram_write=BYTES" on that line instead of CSV rows.
+struct GpuPoint {
+  std::string file, name, impl;  // impl: "ioattn", "fa2" (PyTorch's FlashAttention-2), "math"
+  Problem problem;
+  double dram_read = 0, dram_write = 0, l2_bytes = -1;  // l2_bytes < 0: not measured
+};
+
+inline std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> cells;
+  std::string cur;
+  bool quoted = false;
+  for (char c : line) {
+    if (c == '"') quoted = !quoted;
+    else if (c == ',' && !quoted) {
+      cells.push_back(cur);
+      cur.clear();
+    } else cur += c;
+  }
+  cells.push_back(cur);
+  return cells;
+}
+
+inline bool unit_scale(const std::string& unit, double* scale) {
+  static const std::map<std::string, double> units = {
+      {"byte", 1.0}, {"Kbyte", 1e3}, {"Mbyte", 1e6}, {"Gbyte", 1e9}, {"Tbyte", 1e12},
+      {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1.0}};
+  const auto it = units.find(unit);
+  if (it == units.end()) return false;
+  *scale = it->second;
+  return true;
+}
+
+// Sums the metric rows of ncu's CSV. false when a metric is missing or a value unreadable.
+inline bool parse_ncu_csv(const std::string& text, double* read, double* write, double* l2, std::string* error) {
+  std::istringstream in(text);
+  std::string line;
+  int name_col = -1, unit_col = -1, value_col = -1;
+  double sums[3] = {0, 0, 0};
+  bool seen[3] = {false, false, false};
+  const char* metrics[3] = {"dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum"};
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] != '"') continue;
+    const std::vector<std::string> cells = split_csv(line);
+    if (name_col < 0) {
+      for (size_t i = 0; i < cells.size(); ++i) {
+        if (cells[i] == "Metric Name") name_col = int(i);
+        if (cells[i] == "Metric Unit") unit_col = int(i);
+        if (cells[i] == "Metric Value") value_col = int(i);
+      }
+      continue;
+    }
+    if (int(cells.size()) <= std::max({name_col, unit_col, value_col})) continue;
+    for (int m = 0; m < 3; ++m) {
+      if (cells[size_t(name_col)] != metrics[m]) continue;
+      double scale = 0, v = 0;
+      if (!unit_scale(cells[size_t(unit_col)], &scale) || !parse_grouped(cells[size_t(value_col)].substr(0, cells[size_t(value_col)].find('.')), &v)) {
+        *error = std::string("unreadable value '") + cells[size_t(value_col)] + "' '" + cells[size_t(unit_col)] + "' of " + metrics[m];
+        return false;
+      }
+      const std::string& val = cells[size_t(value_col)];
+      const size_t dot = val.find('.');
+      if (dot != std::string::npos) v += std::strtod(("0" + val.substr(dot)).c_str(), nullptr);
+      sums[m] += v * scale;
+      seen[m] = true;
+    }
+  }
+  if (name_col < 0 || !seen[0] || !seen[1]) {
+    *error = "no ncu CSV rows for dram__bytes_read.sum and dram__bytes_write.sum";
+    return false;
+  }
+  *read = sums[0];
+  *write = sums[1];
+  *l2 = seen[2] ? sums[2] : -1;
+  return true;
+}
+
+inline bool parse_gpu_sample(const std::string& file, const std::string& text, GpuPoint* g, std::string* error) {
+  Fields f;
+  if (!find_tagged_line(text, "ioattn-ncu", &f)) {
+    *error = file + ": no 'ioattn-ncu' line";
+    return false;
+  }
+  int64_t b, h, s, d, c;
+  if (!field_int(f, "batch", &b, error) || !field_int(f, "heads", &h, error) || !field_int(f, "seqlen", &s, error) ||
+      !field_int(f, "dim", &d, error) || !field_int(f, "causal", &c, error)) {
+    *error = file + ": " + *error;
+    return false;
+  }
+  g->file = file;
+  g->impl = f.count("impl") ? f.at("impl") : "";
+  if (g->impl != "ioattn" && g->impl != "fa2" && g->impl != "math") {
+    *error = file + ": impl must be ioattn, fa2 or math, got '" + g->impl + "'";
+    return false;
+  }
+  g->problem = Problem{};
+  g->problem.batch = b;
+  g->problem.heads_q = g->problem.heads_kv = h;
+  g->problem.seqlen_q = g->problem.seqlen_k = s;
+  g->problem.head_dim = g->problem.head_dim_v = d;
+  g->problem.dtype = g->problem.kv_dtype = (f.count("dtype") && f.at("dtype") == "f16") ? DType::f16 : DType::bf16;
+  g->problem.causal = c != 0;
+  g->name = g->impl + " b" + std::to_string(b) + "_h" + std::to_string(h) + "_s" + std::to_string(s) + "_d" +
+            std::to_string(d) + (c ? " causal" : "");
+  if (f.count("dram_read") && f.count("dram_write")) {
+    if (!parse_grouped(f.at("dram_read"), &g->dram_read) || !parse_grouped(f.at("dram_write"), &g->dram_write)) {
+      *error = file + ": dram_read / dram_write must be whole byte counts";
+      return false;
+    }
+    return true;
+  }
+  std::string why;
+  if (!parse_ncu_csv(text, &g->dram_read, &g->dram_write, &g->l2_bytes, &why)) {
+    *error = file + ": " + why;
+    return false;
+  }
+  return true;
+}
+
+// The H200 profile's L2-HBM boundary for the point's implementation: the CUDA kernel's plan for
+// ioattn and FA2 (whose 128-row tiles and L2 behaviour it shares), PyTorch's MATH passes for math.
+inline std::vector<Comparison> compare_gpu(const GpuPoint& g, const HardwareProfile& hw) {
+  const Plan plan = plan_gpu(g.problem, hw);
+  const bool math = g.impl == "math";
+  const TrafficReport rep = math ? predict_traffic(g.problem, plan, hw, pytorch_math_passes(g.problem.causal))
+                                 : predict_traffic(g.problem, plan, hw);
+  const BoundaryTraffic& hbm = rep.levels.back();
+  std::vector<Comparison> c = {{"L2-HBM", math ? hbm.standard_bytes : hbm.flash_bytes, g.dram_read + g.dram_write}};
+  return c;
+}
+
+inline bool load_gpu_points(const std::string& dir, std::vector<GpuPoint>* out, std::string* error) {
+  for (const std::string& f : list_files(dir, ".txt")) {
+    std::string text;
+    GpuPoint g;
+    if (!read_text(f, &text) || !parse_gpu_sample(f, text, &g, error)) return false;
+    out->push_back(g);
+  }
+  return true;
+}
+
+}  // namespace ioattn::measured

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Records cachegrind runs of bench/traffic/traffic_run into bench/traffic/samples/cpu/, one file
+# per (kernel, shape): the geometry line, the driver's plan line and valgrind's summary.
+#   bench/traffic/run_cachegrind.sh BUILD_DIR [GRID_FILE]
+# GRID_FILE lines: "heads seqlen dim dtype" (default: the grid below). Every shape also gets a
+# `none` run, which the parsers subtract. Two runs at a time (the machine has 2 cores).
+set -euo pipefail
+build=${1:?usage: run_cachegrind.sh BUILD_DIR [GRID_FILE]}
+here=$(cd "$(dirname "$0")" && pwd)
+out=$here/samples/cpu
+driver=$(cd "$build" && pwd)/bench/traffic/traffic_run
+[[ -x $driver ]] || { echo "run_cachegrind.sh: $driver not built (ninja traffic_run)" >&2; exit 2; }
+# zen3's L1d (32 KiB, 8-way, 64 B lines) and L2 (512 KiB, 8-way) as cachegrind's D1 and LL.
+D1=32768,8,64
+LL=524288,8,64
+mkdir -p "$out"
+grid() {
+  if [[ $# -gt 0 ]]; then grep -v '^#' "$1"; return; fi
+  for d in 64 128; do
+    for s in 256 512 1024; do echo "1 $s $d f32"; done
+  done
+  echo "1 2048 64 f32"
+  echo "2 512 64 f32"
+  echo "2 512 128 f32"
+  echo "1 512 64 bf16"
+  echo "1 512 128 bf16"
+}
+jobs_file=$(mktemp)
+grid "${@:2}" | while read -r h s d t; do
+  echo "none $h $s $d $t 0" >>"$jobs_file"
+  for k in flash standard; do
+    for c in 0 1; do echo "$k $h $s $d $t $c" >>"$jobs_file"; done
+  done
+done
+run_one() {
+  local k=$1 h=$2 s=$3 d=$4 t=$5 c=$6 name flags=()
+  name=${k}_h${h}_s${s}_d${d}_${t}
+  if [[ $c == 1 ]]; then name+=_causal; flags=(--causal); fi
+  {
+    echo "ioattn-cachegrind D1=$D1 LL=$LL valgrind=$(valgrind --version) date=$(date -u +%FT%TZ)"
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 valgrind --tool=cachegrind --cache-sim=yes --D1=$D1 --LL=$LL \
+      --cachegrind-out-file=/dev/null "$driver" --kernel "$k" --heads "$h" --seqlen "$s" --dim "$d" \
+      --dtype "$t" "${flags[@]}" 2>&1
+  } >"$out/$name.txt.tmp"
+  mv "$out/$name.txt.tmp" "$out/$name.txt"
+  echo "$name done"
+}
+export -f run_one
+export D1 LL driver out
+xargs -P 2 -L 1 bash -c 'run_one "$@"' _ <"$jobs_file"
+rm -f "$jobs_file"

@@ -1,0 +1,145 @@
+// The measured-against-predicted report (docs/traffic.md): reads the recorded samples in
+// bench/traffic/samples, pairs each with predict_traffic for the same shape, plan and hierarchy,
+// and prints markdown tables; with --csv-dir also writes the CSV files plot_traffic.py draws.
+//
+//   traffic_report [--samples DIR] [--csv-dir DIR]
+//
+// Exit status 1 when any point misses the ±15% bar, 2 on unreadable samples.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "bench/traffic/measured.h"
+
+namespace {
+
+using namespace ioattn;
+using namespace ioattn::measured;
+
+constexpr double kBar = 0.15;
+
+std::string mb(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", bytes / 1e6);
+  return buf;
+}
+
+std::string pct(double e) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%+.1f%%", 100.0 * e);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string samples = "bench/traffic/samples", csv_dir;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    if ((f == "--samples" || f == "--csv-dir") && i + 1 < argc) {
+      (f == "--samples" ? samples : csv_dir) = argv[++i];
+    } else {
+      std::fprintf(stderr, "traffic_report: unknown flag '%s'\nusage: traffic_report [--samples DIR] [--csv-dir DIR]\n", f.c_str());
+      return 2;
+    }
+  }
+  std::string error;
+  std::vector<CpuPoint> cpu;
+  if (!load_cpu_points(samples + "/cpu", &cpu, &error)) {
+    std::fprintf(stderr, "traffic_report: %s\n", error.c_str());
+    return 2;
+  }
+  int misses = 0;
+  std::ofstream csv;
+  if (!csv_dir.empty()) {
+    csv.open(csv_dir + "/cpu_measured.csv");
+    csv << "point,kernel,seqlen,dim,causal,boundary,predicted_bytes,measured_bytes\n";
+  }
+  std::printf("## CPU: cachegrind (D1 %lld KiB, LL %lld KiB, 1 thread) against predict_traffic\n\n",
+              cpu.empty() ? 0LL : (long long)cpu[0].l1_bytes / 1024, cpu.empty() ? 0LL : (long long)cpu[0].l2_bytes / 1024);
+  std::printf("| point | plan (bq x bkv) | L1d-L2 pred MB | meas MB | err | L2-beyond pred MB | meas MB | err |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  for (const CpuPoint& p : cpu) {
+    const std::vector<Comparison> c = compare_cpu(p);
+    std::printf("| %s | %dx%d | %s | %s | %s | %s | %s | %s |\n", p.name.c_str(), p.plan.block_q, p.plan.block_kv,
+                mb(c[0].predicted).c_str(), mb(c[0].measured).c_str(), pct(c[0].error()).c_str(),
+                mb(c[1].predicted).c_str(), mb(c[1].measured).c_str(), pct(c[1].error()).c_str());
+    for (const Comparison& x : c) {
+      misses += std::fabs(x.error()) > kBar;
+      if (csv.is_open())
+        csv << p.name << ',' << p.kernel << ',' << p.problem.seqlen_q << ',' << p.problem.head_dim << ','
+            << int(p.problem.causal) << ',' << x.boundary << ',' << x.predicted << ',' << x.measured << '\n';
+    }
+  }
+
+  std::vector<GpuPoint> gpu;
+  if (!load_gpu_points(samples + "/gpu", &gpu, &error)) {
+    std::fprintf(stderr, "traffic_report: %s\n", error.c_str());
+    return 2;
+  }
+  HardwareProfile h200;
+  if (!find_profile("h200-sxm", &h200, &error)) {
+    std::fprintf(stderr, "traffic_report: %s\n", error.c_str());
+    return 2;
+  }
+  std::ofstream gcsv;
+  if (!csv_dir.empty()) {
+    gcsv.open(csv_dir + "/gpu_measured.csv");
+    gcsv << "point,impl,seqlen,dim,causal,boundary,predicted_bytes,measured_bytes\n";
+  }
+  std::printf("\n## GPU: Nsight Compute on the H200 against predict_traffic --hw h200-sxm\n\n");
+  std::printf("| point | HBM read MB | HBM write MB | L2 (lts__t_bytes) MB | predicted L2-HBM MB | measured MB | err |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (const GpuPoint& g : gpu) {
+    const std::vector<Comparison> c = compare_gpu(g, h200);
+    std::printf("| %s | %s | %s | %s | %s | %s | %s |\n", g.name.c_str(), mb(g.dram_read).c_str(), mb(g.dram_write).c_str(),
+                g.l2_bytes < 0 ? "-" : mb(g.l2_bytes).c_str(), mb(c[0].predicted).c_str(), mb(c[0].measured).c_str(),
+                pct(c[0].error()).c_str());
+    for (const Comparison& x : c) {
+      misses += std::fabs(x.error()) > kBar;
+      if (gcsv.is_open())
+        gcsv << g.name << ',' << g.impl << ',' << g.problem.seqlen_q << ',' << g.problem.head_dim << ','
+             << int(g.problem.causal) << ',' << x.boundary << ',' << x.predicted << ',' << x.measured << '\n';
+    }
+  }
+  std::printf("\n%d comparison(s) outside ±%.0f%%\n", misses, 100 * kBar);
+
+  // Predicted saving of flash over standard attention (the textbook baseline: S written and read
+  // twice in fp32) per boundary on every built-in profile, and the roofline time each implies.
+  Problem pr;
+  pr.heads_q = pr.heads_kv = 16;
+  pr.seqlen_q = pr.seqlen_k = 4096;
+  pr.head_dim = pr.head_dim_v = 128;
+  std::ofstream scsv;
+  if (!csv_dir.empty()) {
+    scsv.open(csv_dir + "/savings.csv");
+    scsv << "profile,kind,boundary,flash_bytes,standard_bytes,flash_roofline_s,standard_roofline_s\n";
+  }
+  std::printf("\n## Predicted flash vs standard, B=1 H=16 S=4096 D=128 (CPU fp32, GPU bf16), every built-in profile\n\n");
+  std::printf("| profile | boundary | flash MB | standard MB | standard / flash | roofline flash ms | roofline standard ms |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (const HardwareProfile& hw : builtin_profiles()) {
+    Problem p = pr;
+    p.dtype = p.kv_dtype = hw.kind == DeviceKind::gpu ? DType::bf16 : DType::f32;
+    const TrafficReport r = predict_traffic(p, plan_for(p, hw), hw);
+    for (size_t i = 0; i < r.levels.size(); ++i) {
+      const BoundaryTraffic& b = r.levels[i];
+      const bool last = i + 1 == r.levels.size();
+      char ratio[32];
+      std::snprintf(ratio, sizeof ratio, "%.1fx", b.flash_bytes > 0 ? b.standard_bytes / b.flash_bytes : 0.0);
+      char tf[32] = "", ts[32] = "";
+      if (last) {
+        std::snprintf(tf, sizeof tf, "%.3f", r.flash_roofline_s * 1e3);
+        std::snprintf(ts, sizeof ts, "%.3f", r.standard_roofline_s * 1e3);
+      }
+      std::printf("| %s | %s | %s | %s | %s | %s | %s |\n", i == 0 ? hw.name.c_str() : "", b.name.c_str(),
+                  mb(b.flash_bytes).c_str(), mb(b.standard_bytes).c_str(), ratio, tf, ts);
+      if (scsv.is_open())
+        scsv << hw.name << ',' << (hw.kind == DeviceKind::gpu ? "gpu" : "cpu") << ',' << b.name << ',' << b.flash_bytes
+             << ',' << b.standard_bytes << ',' << r.flash_roofline_s << ',' << r.standard_roofline_s << '\n';
+    }
+  }
+  return misses == 0 ? 0 : 1;
+}

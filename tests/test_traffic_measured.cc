@@ -1,0 +1,192 @@
+// The measurement parsers (bench/traffic/measured.h) on synthetic text and on the recorded
+// samples in bench/traffic/samples, and the traffic model against those samples: within ±15%
+// at every (point, boundary), except the misses docs/traffic.md lists and explains, which are
+// asserted to still miss so the list cannot outlive a model fix.
+#include <cmath>
+#include <cstdlib>
+#include <set>
+#include <string>
+
+#include "bench/traffic/measured.h"
+#include "tests/catch.h"
+
+using namespace ioattn;
+using namespace ioattn::measured;
+
+namespace {
+
+constexpr double kBar = 0.15;
+
+std::string samples_dir() {
+  const char* src = std::getenv("IOATTN_SOURCE_DIR");
+  return std::string(src ? src : ".") + "/bench/traffic/samples";
+}
+
+// (point name, boundary) pairs where the model is known to miss the bar: see docs/traffic.md,
+// "Where the model misses".
+const std::set<std::string> kKnownMisses = {
+    // L1d-L2 of OpenBLAS's sgemm: its packed 16x4 micro-panels stream more than the model's
+    // register-panel rule (1.4-1.6x).
+    // L1d-L2 of the flash kernel under a causal mask and at S=256: per-step scratch traffic of
+    // masked diagonal blocks and of blocks larger than half of L1.
+    // L2-beyond at the smallest shapes: partial residency of K/V, S and the scratch in a 512 KiB
+    // LL that all-or-nothing and "what the scratch leaves" rules approximate to 15-75%.
+    // L2-HBM of PyTorch MATH, causal, S=1024: S is 1.3-2.7x the L2, so passes partly hit.
+    "flash h1_s1024_d128_f32 L1d-L2",
+    "flash h1_s1024_d64_f32 causal L1d-L2",
+    "flash h1_s2048_d64_f32 L2-beyond",
+    "flash h1_s2048_d64_f32 causal L2-beyond",
+    "flash h1_s256_d128_f32 L1d-L2",
+    "flash h1_s256_d128_f32 L2-beyond",
+    "flash h1_s256_d64_f32 L1d-L2",
+    "flash h1_s512_d128_f32 causal L1d-L2",
+    "flash h1_s512_d64_bf16 L2-beyond",
+    "flash h1_s512_d64_bf16 causal L1d-L2",
+    "flash h1_s512_d64_bf16 causal L2-beyond",
+    "flash h1_s512_d64_f32 causal L1d-L2",
+    "flash h1_s512_d64_f32 causal L2-beyond",
+    "flash h2_s512_d64_f32 L2-beyond",
+    "flash h2_s512_d64_f32 causal L1d-L2",
+    "flash h2_s512_d64_f32 causal L2-beyond",
+    "standard h1_s1024_d128_f32 L1d-L2",
+    "standard h1_s1024_d128_f32 L2-beyond",
+    "standard h1_s1024_d128_f32 causal L1d-L2",
+    "standard h1_s1024_d128_f32 causal L2-beyond",
+    "standard h1_s1024_d64_f32 L1d-L2",
+    "standard h1_s1024_d64_f32 causal L1d-L2",
+    "standard h1_s2048_d64_f32 L1d-L2",
+    "standard h1_s2048_d64_f32 causal L1d-L2",
+    "standard h1_s256_d128_f32 L1d-L2",
+    "standard h1_s256_d128_f32 causal L1d-L2",
+    "standard h1_s256_d64_f32 L1d-L2",
+    "standard h1_s256_d64_f32 L2-beyond",
+    "standard h1_s256_d64_f32 causal L1d-L2",
+    "standard h1_s256_d64_f32 causal L2-beyond",
+    "standard h1_s512_d128_f32 L1d-L2",
+    "standard h1_s512_d128_f32 causal L1d-L2",
+    "standard h1_s512_d64_bf16 L1d-L2",
+    "standard h1_s512_d64_bf16 causal L1d-L2",
+    "standard h1_s512_d64_f32 L1d-L2",
+    "standard h1_s512_d64_f32 causal L1d-L2",
+    "standard h2_s512_d64_f32 L1d-L2",
+    "standard h2_s512_d64_f32 causal L1d-L2",
+    "math b1_h16_s1024_d128 causal L2-HBM",
+    "math b1_h32_s1024_d64 causal L2-HBM",
+};
+
+const char* kCachegrindText =
+    "ioattn-cachegrind D1=32768,8,64 LL=524288,8,64 valgrind=valgrind-3.19.0\n"
+    "==7== Cachegrind, a cache and branch-prediction profiler\n"
+    "ioattn-traffic-run kernel=flash batch=1 heads=1 heads_kv=1 seqlen=256 dim=64 dtype=f32 causal=1 threads=1 "
+    "block_q=132 block_kv=256 head_dim_padded=64 reg_rows=6 reg_cols=16 kv_splits=1 workers=1 working_set=338000 "
+    "simd_bits=256 target=AVX2\n"
+    "==7== D   refs:      155,924,042  (140,172,103 rd   + 15,751,939 wr)\n"
+    "==7== D1  misses:     15,843,825  ( 14,574,090 rd   +  1,269,735 wr)\n"
+    "==7== LLd misses:        861,927  (    578,142 rd   +    283,785 wr)\n";
+
+}  // namespace
+
+TEST_CASE("cachegrind summary and driver line parse", "[traffic_measured]") {
+  CpuRun r;
+  std::string error;
+  REQUIRE(parse_cpu_run("synthetic", kCachegrindText, &r, &error));
+  CHECK(r.counts.d1_read_misses == 14574090.0);
+  CHECK(r.counts.d1_write_misses == 1269735.0);
+  CHECK(r.counts.lld_read_misses == 578142.0);
+  CHECK(r.counts.lld_write_misses == 283785.0);
+  CHECK(r.counts.d1_bytes == 32768);
+  CHECK(r.counts.ll_bytes == 524288);
+  CHECK(r.counts.line == 64);
+  Problem pr;
+  Plan plan;
+  int bits = 0;
+  REQUIRE(make_problem_plan(r.run, &pr, &plan, &bits, &error));
+  CHECK(pr.seqlen_q == 256);
+  CHECK(pr.causal);
+  CHECK(plan.block_q == 132);
+  CHECK(plan.block_kv == 256);
+  CHECK(bits == 256);
+}
+
+TEST_CASE("malformed cachegrind samples are rejected with a reason", "[traffic_measured]") {
+  CpuRun r;
+  std::string error;
+  std::string no_summary = kCachegrindText;
+  no_summary.erase(no_summary.find("==7== D1"));
+  CHECK_FALSE(parse_cpu_run("a", no_summary, &r, &error));
+  CHECK(error.find("D1  misses") != std::string::npos);
+  std::string no_geometry = kCachegrindText;
+  no_geometry.erase(0, no_geometry.find('\n') + 1);
+  CHECK_FALSE(parse_cpu_run("b", no_geometry, &r, &error));
+  CHECK(error.find("geometry") != std::string::npos);
+  std::string bad_number = kCachegrindText;
+  bad_number.replace(bad_number.find("14,574,090"), 10, "14,57x,090");
+  CHECK_FALSE(parse_cpu_run("c", bad_number, &r, &error));
+}
+
+TEST_CASE("a kernel run without its none run is an error", "[traffic_measured]") {
+  CpuRun r;
+  std::string error;
+  REQUIRE(parse_cpu_run("synthetic", kCachegrindText, &r, &error));
+  std::vector<CpuPoint> points;
+  CHECK_FALSE(cpu_points({r}, &points, &error));
+  CHECK(error.find("none") != std::string::npos);
+}
+
+TEST_CASE("ncu CSV rows are summed per metric with units", "[traffic_measured]") {
+  const std::string text =
+      "ioattn-ncu impl=math batch=1 heads=16 seqlen=4096 dim=128 causal=0 dtype=bf16\n"
+      "==PROF== Connected to process 1\n"
+      "\"ID\",\"Kernel Name\",\"Metric Name\",\"Metric Unit\",\"Metric Value\"\n"
+      "\"0\",\"gemm\",\"dram__bytes_read.sum\",\"Mbyte\",\"1,024.50\"\n"
+      "\"0\",\"gemm\",\"dram__bytes_write.sum\",\"Gbyte\",\"2.00\"\n"
+      "\"0\",\"gemm\",\"lts__t_bytes.sum\",\"byte\",\"4,096\"\n"
+      "\"1\",\"softmax\",\"dram__bytes_read.sum\",\"Kbyte\",\"500\"\n"
+      "\"1\",\"softmax\",\"dram__bytes_write.sum\",\"byte\",\"10\"\n";
+  GpuPoint g;
+  std::string error;
+  REQUIRE(parse_gpu_sample("synthetic", text, &g, &error));
+  CHECK(g.dram_read == Approx(1024.5e6 + 500e3));
+  CHECK(g.dram_write == Approx(2e9 + 10));
+  CHECK(g.l2_bytes == Approx(4096));
+  CHECK(g.problem.heads_q == 16);
+  CHECK(g.impl == "math");
+  std::string unknown_unit = text;
+  unknown_unit.replace(unknown_unit.find("Mbyte"), 5, "parsec");
+  CHECK_FALSE(parse_gpu_sample("u", unknown_unit, &g, &error));
+  CHECK(error.find("parsec") != std::string::npos);
+}
+
+TEST_CASE("the model is within 15% of the recorded CPU cachegrind samples", "[traffic_measured]") {
+  std::vector<CpuPoint> points;
+  std::string error;
+  REQUIRE(load_cpu_points(samples_dir() + "/cpu", &points, &error));
+  REQUIRE(points.size() >= 16);
+  for (const CpuPoint& p : points) {
+    for (const Comparison& c : compare_cpu(p)) {
+      const std::string key = p.name + " " + c.boundary;
+      INFO(key << ": predicted " << c.predicted << " measured " << c.measured << " error " << c.error());
+      REQUIRE(c.measured > 0);
+      if (kKnownMisses.count(key)) CHECK(std::fabs(c.error()) > kBar);
+      else CHECK(std::fabs(c.error()) <= kBar);
+    }
+  }
+}
+
+TEST_CASE("the model is within 15% of the recorded GPU Nsight Compute samples", "[traffic_measured]") {
+  std::vector<GpuPoint> points;
+  std::string error;
+  REQUIRE(load_gpu_points(samples_dir() + "/gpu", &points, &error));
+  REQUIRE(points.size() >= 6);
+  HardwareProfile h200;
+  REQUIRE(find_profile("h200-sxm", &h200, &error));
+  for (const GpuPoint& g : points) {
+    for (const Comparison& c : compare_gpu(g, h200)) {
+      const std::string key = g.name + " " + c.boundary;
+      INFO(key << ": predicted " << c.predicted << " measured " << c.measured << " error " << c.error());
+      REQUIRE(c.measured > 0);
+      if (kKnownMisses.count(key)) CHECK(std::fabs(c.error()) > kBar);
+      else CHECK(std::fabs(c.error()) <= kBar);
+    }
+  }
+}
