@@ -66,8 +66,14 @@ Status check_tensor(const ioattn_tensor* t, const char* name) {
       return Status::invalid(format("%s.%s=%lld: strides must be >= 0 (in elements)", name, stride_names[i],
                                     (long long)strides[i]));
   const int64_t span = element_span(*t);
-  if (span < 0) return Status::invalid(format("%s: shape times strides overflows a 64-bit offset", name));
+  int64_t span_bytes = 0;
+  if (span < 0 || __builtin_mul_overflow(span, int64_t(dtype_bytes(DType(t->dtype))), &span_bytes))
+    return Status::invalid(format("%s: shape times strides overflows a 64-bit offset", name));
   if (span > 0 && !t->data) return Status::invalid(format("%s.data is NULL for a non-empty tensor", name));
+  // The alias checks form [data, data + span_bytes): that range must exist in the address space.
+  if (uint64_t(span_bytes) > UINTPTR_MAX - reinterpret_cast<uintptr_t>(t->data))
+    return Status::invalid(format("%s: %lld bytes from data=%p run past the end of the address space", name,
+                                  (long long)span_bytes, t->data));
   return Status::ok();
 }
 
@@ -79,6 +85,8 @@ Status check_distinct_elements(const ioattn_tensor& t, const char* name) {
     int64_t extent, stride;
     const char* label;
   };
+  // An empty tensor has no elements to collide, and its strides were never bounded by a span.
+  if (element_span(t) == 0) return Status::ok();
   std::vector<Axis> axes;
   if (t.batch > 1) axes.push_back({t.batch, t.stride_batch, "stride_batch"});
   if (t.seqlen > 1) axes.push_back({t.seqlen, t.stride_seq, "stride_seq"});
@@ -371,6 +379,65 @@ Status check_cache(const ioattn_kvcache& cache, const ioattn_tensor& q, int64_t 
   return Status::ok();
 }
 
+// The append writes B * Snew * Hkv rows into each of cache.k and cache.v and reads as many from
+// k_new and v_new. A row is one contiguous run of head_dim elements, so comparing rows as byte
+// intervals is exact, and it still admits interleaved layouts (K and V of one packed buffer)
+// that a whole-span comparison would refuse. A write landing on another write, or on a row the
+// append still reads, would make the cache depend on the order of the copies (and race on the
+// GPU). q is read after the append, so its whole span must miss every written row.
+Status check_append_aliasing(const ioattn_kvcache& cache, const ioattn_tensor& q, const ioattn_tensor& k_new,
+                             const ioattn_tensor& v_new, const std::vector<int32_t>& seqlens,
+                             const std::vector<int32_t>& table) {
+  struct Row {
+    uintptr_t begin, end;
+    bool write;
+    const char* name;
+  };
+  std::vector<Row> rows;
+  const bool paged = cache.block_table != nullptr;
+  const int64_t page_size = cache.k.seqlen;
+  auto add = [&rows](const ioattn_tensor& t, int64_t element, bool write, const char* name) {
+    const int64_t bytes = dtype_bytes(DType(t.dtype));
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data) + uintptr_t(element * bytes);
+    rows.push_back({begin, begin + uintptr_t(t.head_dim * bytes), write, name});
+  };
+  for (int64_t b = 0; b < q.batch; ++b) {
+    for (int64_t r = 0; r < k_new.seqlen; ++r) {
+      const int64_t j = seqlens[size_t(b)] + r;
+      for (int64_t h = 0; h < cache.k.heads; ++h) {
+        for (const ioattn_tensor* c : {&cache.k, &cache.v}) {
+          const int64_t row = paged ? int64_t(table[size_t(b * cache.max_pages_per_seq + j / page_size)]) *
+                                              c->stride_batch + (j % page_size) * c->stride_seq
+                                    : b * c->stride_batch + j * c->stride_seq;
+          add(*c, row + h * c->stride_head, true, c == &cache.k ? "cache.k" : "cache.v");
+        }
+        for (const ioattn_tensor* n : {&k_new, &v_new})
+          add(*n, b * n->stride_batch + r * n->stride_seq + h * n->stride_head, false,
+              n == &k_new ? "k_new" : "v_new");
+      }
+    }
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.begin < b.begin; });
+  const Row* last_write = nullptr;
+  const Row* last_read = nullptr;
+  for (const Row& row : rows) {
+    const Row* hit = last_write && row.begin < last_write->end ? last_write
+                     : row.write && last_read && row.begin < last_read->end ? last_read
+                                                                             : nullptr;
+    if (hit)
+      return Status::invalid(format("%s and %s: the KV-cache append would write a row that overlaps another %s "
+                                    "(appended rows must be disjoint from each other and from k_new/v_new)",
+                                    hit->name, row.name, row.write && hit->write ? "written row" : "row it reads"));
+    const Row*& last = row.write ? last_write : last_read;
+    if (!last || row.end > last->end) last = &row;
+  }
+  const ByteRange q_bytes = bytes_of(q);
+  for (const Row& row : rows)
+    if (row.write && overlaps(q_bytes, {reinterpret_cast<const char*>(row.begin), reinterpret_cast<const char*>(row.end)}))
+      return Status::invalid(format("q: its memory overlaps rows the append writes into %s", row.name));
+  return Status::ok();
+}
+
 // Host-side append of k_new/v_new rows into the cache (converting f32 activations to the cache's
 // storage type). The overwritten slots are saved first so a later failure can restore them and
 // leave the cache exactly as the caller passed it.
@@ -491,6 +558,7 @@ Status kvcache_impl(const ioattn_tensor* q, const ioattn_kvcache* cache, const i
     return s;
   CacheCheck check;
   if (!(s = check_cache(*cache, *q, seqlen_new, seqlens, table, &check)).is_ok()) return s;
+  if (seqlen_new > 0 && !(s = check_append_aliasing(*cache, *q, *k_new, *v_new, seqlens, table)).is_ok()) return s;
 
   AttnParams p;
   fill_common(p, *q, cache->k, cache->v, *out, lse, *opt);
