@@ -1,46 +1,55 @@
 // The CPU flash-attention forward (FlashAttention-2 on a CPU core's caches), written once with
 // Highway and compiled for every x86 target; flash_forward dispatches once per call.
 //
-// Work decomposition. A task is one tile: (sequence b, kv head hk, a block of query positions),
-// and the G = Hq / Hkv query heads that share hk are stacked into the tile's rows
-// (row r = position pos0 + r / G, head hk * G + r % G). Every K/V block is therefore converted and
-// streamed once for all G heads: for decode (Sq = 1) a tile is the G heads of one token, and each
-// K/V byte of the cache is read once per step. With kv_splits > 1 a task is (tile, split): the
-// key range is cut into contiguous runs of blocks whose (O, m, l) partials are merged in split
-// order afterwards (flash-decoding), so short-query problems still fill every core.
+// Work decomposition. A tile is (sequence b, kv head hk, a block of query positions), and the
+// G = Hq / Hkv query heads that share hk are stacked into its rows (row r = position
+// pos0 + r / G, head hk * G + r % G), so every K/V block is converted and streamed once for all
+// G heads: for decode (Sq = 1) a tile is the G heads of one token, and each K/V byte of the cache
+// is read once per step. Two task shapes, chosen per call (DecideShape), same arithmetic:
+//  * head mode, when every worker gets two or more heads with several tiles each: a task is a
+//    whole (b, hk); its keys are converted once into f32 scratch and all its tiles stream that
+//    copy (contiguous, so the hardware prefetchers follow it);
+//  * tile mode otherwise (decode, few heads): a task is (tile, split); each block is packed by the
+//    tile, the next block while this one computes. With kv_splits > 1 the key range is cut into
+//    contiguous runs of blocks whose (O, m, l) partials are merged in split order afterwards
+//    (flash-decoding), so short-query problems still fill every core.
 //
-// Per key block (block_kv keys), inside one tile of M rows:
-//   1. K rows are made f32 (converted once into scratch when stored as f16/bf16, read in place
-//      when f32) and V rows likewise, V padded with zeros to Dvp (Dv rounded up to the vector).
-//   2. S^T = K Q^T with the register tile of common/cpu_tiles.h: `rows` keys broadcast from their
-//      rows times `vecs` vectors of query rows from Q^T, packed once per tile in panels of one
-//      vector of rows ([row vector][d][lanes]). S^T is [key][row]: one vector holds one key's
-//      score for `lanes` query rows, so the row-wise softmax below needs no horizontal reduction.
-//   3. Online softmax (common/online_softmax.h): block max per row, rescale factor only where the
+// Per key block (block_kv keys) and per 48-row panel of the tile:
+//   1. S^T = K Q^T with the register tile of common/cpu_tiles.h: `rows` keys broadcast from the
+//      packed K rows times `vecs` vectors of query rows from Q^T, packed once per tile in panels
+//      of one vector of rows ([row vector][d][lanes]). S^T is [key][row]: one vector holds one
+//      key's score for `lanes` query rows, so the row-wise softmax needs no horizontal reduction.
+//   2. Online softmax (common/online_softmax.h): block max per row, rescale factor only where the
 //      max grew, p = exp(s - max_for_exp(m)), running sum l.
-//   4. O += P V with the same register-tile shape: `rows` query rows broadcast from P^T times
-//      `vecs` vectors of V columns. O stays unnormalized until the last block
-//      (FlashAttention-2's deferred normalization): one multiply by 1/l per output element.
+//   3. O += P V with the same register-tile shape: `rows` query rows broadcast from P^T times
+//      `vecs` vectors of V columns from V packed in column panels. O stays unnormalized until
+//      the last block (FlashAttention-2's deferred normalization): one multiply by 1/l per
+//      output element.
 //
-// Memory per worker step, D = Dv = 128, block_kv = 192, 48 rows (AVX2): K and V blocks 96 KiB each
-// (converted copies, or the caller's rows), S^T 36 KiB, Q^T and O 24 KiB each: about 280 KiB,
-// inside a 512 KiB L2, so after the first touch every block is re-read from L2, never from DRAM;
-// the score kernel streams one 16-row Q^T panel (8 KiB) and 6 K rows (3 KiB) from L1.
+// Memory per worker, D = Dv = 128, block_kv = 96, 192-row tile (AVX2): the panel's S^T is
+// 96 x 48 x 4 = 18 KiB and stays in L1 through steps 1-3; step 1 keeps one Q^T chunk (2 vectors
+// x D = 8 KiB) in L1 while 6 K rows at a time stream from L2, step 3 one V chunk (96 keys x
+// 64 bytes = 6 KiB) while the panel's groups pass over it. Per block the tile holds K and V
+// (48 KiB each), Q^T and O (96 KiB each) and S^T: about 310 KiB of a 512 KiB L2, so K/V come
+// from L3/DRAM once per block and tile, and everything else from L2 or L1.
 //
 // Masking. The tile's union of visible keys [U0, U1) is cut into blocks aligned to its END, so a
-// causal diagonal falls in the last block only; blocks outside the union are never visited. A
-// block where every row sees every key runs the unmasked softmax; otherwise the masked one sets
-// hidden scores to -inf (a select, never a multiply, so NaN in a hidden K row cannot leak). In
-// P V, each group of rows runs the fast tile over the keys all of its rows see, and every row
-// adds the keys only it sees by itself: a hidden key's V row is never touched, so a NaN there
-// stays out of rows that cannot see it (0 * NaN would not). Keys past Sk are never read.
+// causal diagonal falls in the last block only; blocks outside the union are never visited, nor
+// are panels that see none of a block. A panel where every row sees every key of the block runs
+// the unmasked softmax; otherwise the masked one sets hidden scores to -inf (a select, never a
+// multiply, so NaN in a hidden K row cannot leak). In P V, each group of rows runs the fast tile
+// over the keys all of its rows see, and every row adds the keys only it sees by itself: a
+// hidden key's V row is never touched, so a NaN there stays out of rows that cannot see it
+// (0 * NaN would not). Keys past Sk are never read.
 //
 // Error contract. Accumulation is fp32 FMA throughout. Exponentials are hwy::Exp (max error
 // 1 ULP on [-FLT_MAX, 104]; arguments here are s - m <= 0; below -104 it returns 0, which is also
 // what exp gives after rounding to fp32, and it returns 0 for NaN, which is why NaN scores are
 // detected explicitly and carried through the running max). Softcap uses hwy::Tanh (max error
-// 4 ULP). Scalar rescale and merge factors use expf through the header's rules. The result is
-// within the FlashAttention-2 tolerance rule of docs/TESTING.md against the fp64 reference.
+// 4 ULP). Scalar rescale and merge factors use expf through the header's rules. Scores are
+// scale * dot in that order, stored, and both the max and exp's argument read the stored value
+// (no fused x * scale - max, the NaN of pytorch issue 121558). The result is within the
+// FlashAttention-2 tolerance rule of docs/TESTING.md against the fp64 reference.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/flash_kernel.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -222,7 +231,7 @@ struct Geometry {
   int64_t Dvq = 0;  // Dv rounded up to whole V panels
   int64_t pos_per_tile = 0;  // query positions per tile
   int64_t rows_max = 0;      // pos_per_tile * G
-  int64_t mp_max = 0;        // rows_max rounded up to the vector: the stride of Q^T panels and S^T
+  int64_t mp_max = 0;        // rows_max rounded up to the vector: the rows of Q^T and of O
   int64_t block_kv = 0;
   int64_t splits = 1;
   // Head mode: a task is a whole (sequence, kv head) whose K/V is packed once and read by all of
@@ -689,6 +698,10 @@ struct CallShape {
   int workers = 1;
 };
 
+// Extra memory head mode may take per worker: a 16k-key head at D = Dv = 512 (64 MiB). Longer
+// heads run in tile mode, whose scratch does not grow with the sequence.
+constexpr int64_t kMaxHeadBytes = int64_t(64) << 20;
+
 // Head mode when every worker gets at least two whole heads and a head has two or more query
 // tiles on average: then packing K/V once per head instead of once per tile saves
 // (tiles per head - 1) strided passes over it, and the tiles stream the packed copy, which the
@@ -706,7 +719,9 @@ CallShape DecideShape(const AttnParams& p, const Plan& plan) {
     head_keys = std::max(head_keys, s.seqlen_k);
   }
   const int64_t want = std::max(plan.workers, 1);
-  const bool head_mode = g0.splits == 1 && c.n_tiles >= 2 * c.n_heads && (want == 1 || c.n_heads >= 2 * want);
+  const int64_t head_bytes = head_keys * (g0.D + g0.Dvq) * int64_t(sizeof(float));
+  const bool head_mode = g0.splits == 1 && c.n_tiles >= 2 * c.n_heads && (want == 1 || c.n_heads >= 2 * want) &&
+                         head_bytes <= kMaxHeadBytes;
   c.g = head_mode ? MakeGeometry(p, plan, true, head_keys) : g0;
   c.n_tasks = head_mode ? c.n_heads : c.n_tiles * c.g.splits;
   c.workers = static_cast<int>(std::min<int64_t>(want, std::max<int64_t>(c.n_tasks, 1)));

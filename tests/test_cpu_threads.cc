@@ -139,3 +139,33 @@ TEST_CASE("called from inside an OpenMP parallel region: no oversubscription, sa
   for (const auto& copy : copies) CHECK(ioattn::test::bitwise_equal(reference, copy));
 }
 #endif
+
+TEST_CASE("head mode (K/V packed once per head) and tile mode give the same bits", "[cpu][threads]") {
+  // One kv head with several query tiles: one worker packs the head once (head mode), two
+  // workers split its tiles (tile mode, each tile packing its own blocks). Prefill and masks.
+  for (bool causal : {false, true}) {
+    AttnCase c;
+    c.heads_q = 3;
+    c.heads_kv = 1;
+    c.seqlen_q = 200;
+    c.seqlen_k = 230;
+    c.head_dim = 40;
+    c.causal = causal;
+    c.window_left = causal ? 70 : -1;
+    c.dtype = causal ? DType::bf16 : DType::f32;
+    c.tiling = {48, 40, 1};
+    std::mt19937 rng(51);
+    AttnBuffers head_mode(c);
+    head_mode.randomize(rng);
+    AttnBuffers tile_mode = head_mode;
+    c.threads = 1;
+    REQUIRE(ioattn::test::run_cpu_kernel(c, head_mode).is_ok());
+    c.threads = 2;
+    REQUIRE(ioattn::test::run_cpu_kernel(c, tile_mode).is_ok());
+    INFO(c.describe());
+    CHECK(ioattn::test::bitwise_equal(head_mode, tile_mode));
+    const ioattn::test::Verdict v = ioattn::test::check_against_reference(c, tile_mode);
+    INFO(v.report());
+    CHECK(v.ok);
+  }
+}
