@@ -13,6 +13,9 @@
 
 #if defined(IOATTN_THREADING_OPENMP)
 #include <omp.h>
+#elif defined(IOATTN_THREADING_TBB)
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 #endif
 
 using ioattn::DType;
@@ -136,6 +139,33 @@ TEST_CASE("called from inside an OpenMP parallel region: no oversubscription, sa
   }
   CHECK(failures.load() == 0);
   CHECK(max_team.load() == 1);  // nested parallelism is off: the inner loop runs on its caller
+  for (const auto& copy : copies) CHECK(ioattn::test::bitwise_equal(reference, copy));
+}
+#endif
+
+#if defined(IOATTN_THREADING_TBB)
+TEST_CASE("called from inside the caller's own TBB loop: bounded arena, same bits", "[cpu][threads]") {
+  AttnCase c;
+  c.heads_q = 4;
+  c.seqlen_q = 30;
+  c.seqlen_k = 50;
+  c.head_dim = 16;
+  c.threads = 2;
+  std::mt19937 rng(61);
+  AttnBuffers reference(c);
+  reference.randomize(rng);
+  REQUIRE(ioattn::test::run_cpu_kernel(c, reference).is_ok());
+  std::vector<AttnBuffers> copies(4, reference);
+  std::atomic<int> failures{0}, over{0};
+  tbb::parallel_for(0, 4, [&](int i) {
+    copies[size_t(i)].reset_outputs();
+    if (!ioattn::test::run_cpu_kernel(c, copies[size_t(i)]).is_ok()) failures.fetch_add(1);
+    ioattn::cpu::parallel_for(8, 2, [&](int64_t, int) {
+      if (tbb::this_task_arena::max_concurrency() > 2) over.fetch_add(1);
+    });
+  });
+  CHECK(failures.load() == 0);
+  CHECK(over.load() == 0);  // the library's arena is capped at the requested threads
   for (const auto& copy : copies) CHECK(ioattn::test::bitwise_equal(reference, copy));
 }
 #endif
