@@ -137,6 +137,19 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   // A cold call's scratch crosses every outer boundary once, on the workers that get work.
   const double active = std::min<double>(workers, std::max<int64_t>(1, plan.work_items > 0 ? plan.work_items : 1));
 
+  // The CPU kernel's head mode (cpu/flash_kernel.cc, DecideShape): when every worker gets two
+  // or more whole heads of two or more query blocks each (one worker: any head with two blocks)
+  // and no key split, a task is a whole (sequence, kv head) whose K/V is converted once into an
+  // fp32 copy ([key][D] and V in 16-column panels) that all its query blocks stream.
+  const double lanes_f = std::max(4, hw.simd_bits / 32);
+  const double panel_cols = 2 * lanes_f;  // the PV register tile's columns: one V panel
+  const double dvq = std::ceil(double(pr.head_dim_v) / panel_cols) * panel_cols;
+  const double packed_row = (double(plan.head_dim_padded > 0 ? plan.head_dim_padded : pr.head_dim) + dvq) * 4.0;
+  const double head_copy = double(w.kv_rows_union) * packed_row;
+  const double block_buffers = 2.0 * double(plan.block_kv) * packed_row;  // double-buffered K/V blocks
+  const double tiles = units * double(w.q_blocks);
+  const bool head_mode = plan.kv_splits <= 1 && tiles >= 2 * units &&
+                         (workers == 1 || units >= 2 * workers) && head_copy <= double(int64_t(64) << 20);
   double prev_flash_kv = kv_streamed, prev_std_kv = kv_std_per_qhead;
   double best_share = 0;  // the largest per-worker share of the levels inside the current boundary
   for (size_t b = 0; b + 1 < hw.levels.size(); ++b) {
@@ -161,11 +174,23 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
       // cachegrind shows K/V re-reads 2.85 times per head at S=1024, D=64 over four query
       // blocks, not 4 (the all-or-nothing rule was 25-30% high there; docs/traffic.md).
       const double free_bytes = std::max(0.0, cap / sharing - double(plan.working_set_bytes));
-      const double kept = kv_unit > 0 ? std::min(1.0, free_bytes / kv_unit) : 1.0;
-      const double kv = std::min(prev_flash_kv, kv_once + std::max(0.0, kv_streamed - kv_once) * (1.0 - kept));
-      prev_flash_kv = kv;
-      fr = q_flash + kv + partials / 2 + (opt.cold_scratch ? active * double(plan.working_set_bytes) : 0.0);
-      fw = sz.o + sz.lse + partials / 2;
+      if (!head_mode) {
+        const double kept = kv_unit > 0 ? std::min(1.0, free_bytes / kv_unit) : 1.0;
+        const double kv = std::min(prev_flash_kv, kv_once + std::max(0.0, kv_streamed - kv_once) * (1.0 - kept));
+        prev_flash_kv = kv;
+        fr = q_flash + kv + partials / 2 + (opt.cold_scratch ? active * double(plan.working_set_bytes) : 0.0);
+        fw = sz.o + sz.lse + partials / 2;
+      } else {
+        // Head mode: the caller's K/V is read once per unit and written as one fp32 copy, which
+        // every query block then streams; the same "what the scratch leaves" rule says how much
+        // of the copy each block still finds here. The per-block buffers are not allocated.
+        const double ws = std::max(0.0, double(plan.working_set_bytes) - block_buffers);
+        const double left = std::max(0.0, cap / sharing - ws);
+        const double kept = head_copy > 0 ? std::min(1.0, left / head_copy) : 1.0;
+        fr = q_flash + kv_once + units * double(w.kv_rows_sum) * packed_row * (1.0 - kept) +
+             (opt.cold_scratch ? active * (ws + head_copy) : 0.0);
+        fw = sz.o + sz.lse + units * head_copy;
+      }
       // A working set larger than this level's per-worker share spills: its per-step traffic
       // then crosses this boundary as it crosses L1d-L2. Only if it fits no level between: a
       // working set that stays in L2 never reaches an L3 whose per-core share is smaller

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/gpu_tiles.h"
 #include "common/hardware.h"
 #include "common/planner.h"
 #include "common/problem.h"
@@ -326,6 +327,7 @@ inline bool load_cpu_points(const std::string& dir, std::vector<CpuPoint>* out, 
 struct GpuPoint {
   std::string file, name, impl;  // impl: "ioattn", "fa2" (PyTorch's FlashAttention-2), "math"
   Problem problem;
+  GpuTile tile{0, 0, 0, 0, false};  // the measured kernel's tile, when the sample names it
   double dram_read = 0, dram_write = 0, l2_bytes = -1;  // l2_bytes < 0: not measured
 };
 
@@ -426,6 +428,17 @@ inline bool parse_gpu_sample(const std::string& file, const std::string& text, G
   g->problem.causal = c != 0;
   g->name = g->impl + " b" + std::to_string(b) + "_h" + std::to_string(h) + "_s" + std::to_string(s) + "_d" +
             std::to_string(d) + (c ? " causal" : "");
+  // The tile the measured kernel ran: "tile=BQxBKVxWARPSxSTAGES" on the tagged line, or ioattn's
+  // kernel name in the CSV, "FwdShape<D, BQ, BKV, WARPS, STAGES>", so the comparison does not
+  // follow later edits of the tile table.
+  int bq = 0, bkv = 0, warps = 0, stages = 0, dd = 0;
+  const size_t shape = text.find("FwdShape<");
+  if (f.count("tile") && std::sscanf(f.at("tile").c_str(), "%dx%dx%dx%d", &bq, &bkv, &warps, &stages) == 4) {
+    g->tile = GpuTile{bq, bkv, warps, stages, true};
+  } else if (shape != std::string::npos &&
+             std::sscanf(text.c_str() + shape, "FwdShape<%d, %d, %d, %d, %d>", &dd, &bq, &bkv, &warps, &stages) == 5) {
+    g->tile = GpuTile{bq, bkv, warps, stages, true};
+  }
   if (f.count("dram_read") && f.count("dram_write")) {
     if (!parse_grouped(f.at("dram_read"), &g->dram_read) || !parse_grouped(f.at("dram_write"), &g->dram_write)) {
       *error = file + ": dram_read / dram_write must be whole byte counts";
@@ -443,14 +456,45 @@ inline bool parse_gpu_sample(const std::string& file, const std::string& text, G
 
 // The H200 profile's L2-HBM boundary for the point's implementation: the CUDA kernel's plan for
 // ioattn and FA2 (whose 128-row tiles and L2 behaviour it shares), PyTorch's MATH passes for math.
+// plan_gpu with the measured kernel's tile in place of the table's, resident CTAs by the planner's
+// arithmetic (common/planner.cc: shared memory with the runtime's 1 KiB per CTA, 2048 threads and
+// 255 registers per thread per SM).
+inline Plan plan_for_point(const GpuPoint& g, const HardwareProfile& hw) {
+  Plan plan = plan_gpu(g.problem, hw);
+  if (!g.tile.supported) return plan;
+  plan.block_q = g.tile.block_q;
+  plan.block_kv = g.tile.block_kv;
+  plan.warps = g.tile.warps;
+  plan.stages = g.tile.stages;
+  plan.working_set_bytes = gpu_tile_smem_bytes(g.tile, plan.head_dim_padded);
+  const int64_t threads = int64_t(g.tile.warps) * 32;
+  const int64_t by_smem = hw.levels.front().size_bytes / (plan.working_set_bytes + 1024);
+  const int64_t by_regs = hw.regs_per_sm > 0 ? hw.regs_per_sm / (threads * 255) : 2048 / threads;
+  plan.ctas_per_sm = int(std::max<int64_t>(1, std::min({by_smem, 2048 / threads, by_regs})));
+  const int64_t tasks = g.problem.batch * g.problem.heads_q * ((g.problem.seqlen_q + plan.block_q - 1) / plan.block_q);
+  plan.work_items = tasks * plan.kv_splits;
+  plan.workers = int(std::max<int64_t>(1, std::min<int64_t>(int64_t(hw.cores) * plan.ctas_per_sm, plan.work_items)));
+  return plan;
+}
+
 inline std::vector<Comparison> compare_gpu(const GpuPoint& g, const HardwareProfile& hw) {
-  const Plan plan = plan_gpu(g.problem, hw);
+  const Plan plan = plan_for_point(g, hw);
   const bool math = g.impl == "math";
   const TrafficReport rep = math ? predict_traffic(g.problem, plan, hw, pytorch_math_passes(g.problem.causal))
                                  : predict_traffic(g.problem, plan, hw);
   const BoundaryTraffic& hbm = rep.levels.back();
   std::vector<Comparison> c = {{"L2-HBM", math ? hbm.standard_bytes : hbm.flash_bytes, g.dram_read + g.dram_write}};
   return c;
+}
+
+// The model's smem-L2 boundary next to lts__t_bytes (every byte the L2 slices serve, L1 and
+// DRAM side alike), reported but not held to the bar (docs/traffic.md).
+inline double predicted_smem_l2(const GpuPoint& g, const HardwareProfile& hw) {
+  const Plan plan = plan_for_point(g, hw);
+  const bool math = g.impl == "math";
+  const TrafficReport rep = math ? predict_traffic(g.problem, plan, hw, pytorch_math_passes(g.problem.causal))
+                                 : predict_traffic(g.problem, plan, hw);
+  return math ? rep.levels.front().standard_bytes : rep.levels.front().flash_bytes;
 }
 
 inline bool load_gpu_points(const std::string& dir, std::vector<GpuPoint>* out, std::string* error) {

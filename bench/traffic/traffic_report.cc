@@ -90,13 +90,13 @@ int main(int argc, char** argv) {
     gcsv << "point,impl,seqlen,dim,causal,boundary,predicted_bytes,measured_bytes\n";
   }
   std::printf("\n## GPU: Nsight Compute on the H200 against predict_traffic --hw h200-sxm\n\n");
-  std::printf("| point | HBM read MB | HBM write MB | L2 (lts__t_bytes) MB | predicted L2-HBM MB | measured MB | err |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+  std::printf("| point | HBM read MB | HBM write MB | predicted L2-HBM MB | measured MB | err | lts__t_bytes MB | predicted smem-L2 MB |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
   for (const GpuPoint& g : gpu) {
     const std::vector<Comparison> c = compare_gpu(g, h200);
-    std::printf("| %s | %s | %s | %s | %s | %s | %s |\n", g.name.c_str(), mb(g.dram_read).c_str(), mb(g.dram_write).c_str(),
-                g.l2_bytes < 0 ? "-" : mb(g.l2_bytes).c_str(), mb(c[0].predicted).c_str(), mb(c[0].measured).c_str(),
-                pct(c[0].error()).c_str());
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", g.name.c_str(), mb(g.dram_read).c_str(),
+                mb(g.dram_write).c_str(), mb(c[0].predicted).c_str(), mb(c[0].measured).c_str(), pct(c[0].error()).c_str(),
+                g.l2_bytes < 0 ? "-" : mb(g.l2_bytes).c_str(), mb(predicted_smem_l2(g, h200)).c_str());
     for (const Comparison& x : c) {
       misses += std::fabs(x.error()) > kBar;
       if (gcsv.is_open())
