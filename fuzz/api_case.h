@@ -356,10 +356,11 @@ inline Request decode(const uint8_t* data, size_t size) {
     }
   }
   for (TensorSpec* t : all) {
-    // k_new/v_new without has_new are never passed, so their shapes bind nothing.
+    // k_new/v_new bind nothing unless both are passed (one alone is refused anyway). Any other
+    // tensor that is dropped makes the call fail regardless.
     bool bad = false;
     place(*t, in, &bad);
-    const bool passed = r.has_new || (t != &r.k_new && t != &r.v_new);
+    const bool passed = (t != &r.k_new && t != &r.v_new) || (r.has_new && r.k_new.present && r.v_new.present);
     r.must_fail = r.must_fail || (bad && passed);
   }
   // lse: [B][Hq][Sq] (dense, cache) or [Hq][total_q] (varlen), f32, contiguous.
@@ -454,7 +455,8 @@ inline std::string check_success(const Request& r, const uint8_t* before, const 
   };
   std::vector<Seq> seqs;
   int64_t snew = 0;
-  if (r.entry == Request::Entry::kvcache && r.has_new) snew = r.k_new.dims[1];
+  // Dropping both k_new and v_new (a perturbation) means no append, whatever has_new says.
+  if (r.entry == Request::Entry::kvcache && r.has_new && r.k_new.present && r.v_new.present) snew = r.k_new.dims[1];
   if (r.entry == Request::Entry::varlen) {
     for (int32_t b = 0; b < r.batch; ++b)
       seqs.push_back({0, r.cu_q[size_t(b)], r.cu_q[size_t(b) + 1] - r.cu_q[size_t(b)],
