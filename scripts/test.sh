@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # From nothing to a passed test suite: install dependencies, then build and test every
 # configuration CI guards: the Release build (OpenMP, CUDA compiled when nvcc is present: GPU
-# tests skip visibly without a device), the oneTBB threading backend, ASan+UBSan, and the
-# installed package consumed by a tiny CMake project.
+# tests skip visibly without a device), the oneTBB threading backend, ASan+UBSan, ThreadSanitizer
+# and bounded fuzzing (scripts/ci_hardening.sh), and the installed package consumed by a tiny
+# CMake project.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -26,6 +27,8 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIOATTN_SAN
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs"
+
+scripts/ci_hardening.sh
 
 step "installed package: find_package(ioattn CONFIG) and pkg-config"
 rm -rf build-install-prefix build-consumer
