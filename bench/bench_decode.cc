@@ -1,0 +1,112 @@
+// Decode benchmark (one query token per sequence against a KV cache), through the public
+// ioattn_forward_kvcache entry point. Decode is memory-bound: the figure of merit is the K/V
+// bytes read per second, reported against the machine's DRAM read bandwidth measured in the
+// same process (bench/lib), so the ratio is immune to the shared machine's load drifting.
+//
+//   bench_decode --benchmark_filter='ceiling|B:8'
+//
+// Shapes follow issue 5: Hq = 32 query heads over Hkv = 8 KV heads (GQA 4), D = 128, f32 q/out
+// (edge decoders keep activations in f32) over f16 or bf16 caches of 4k..32k tokens.
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/lib/peers.h"
+#include "common/dtype.h"
+#include "cpu/cpu_backend.h"
+#include "ioattn/ioattn.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int64_t kHq = 32, kHkv = 8, kDim = 128;
+
+struct Decode {
+  int64_t batch, keys;
+  ioattn::DType cache_dtype;
+  std::vector<uint16_t> k, v;
+  std::vector<float> q, out;
+  std::vector<int32_t> seqlens;
+  ioattn_kvcache cache{};
+  ioattn_tensor tq{}, to{};
+
+  Decode(int64_t b, int64_t s, ioattn::DType t) : batch(b), keys(s), cache_dtype(t) {
+    const int64_t row = kHkv * kDim;
+    k.resize(size_t(b * s * row));
+    v.resize(k.size());
+    std::mt19937 rng(11);
+    std::normal_distribution<float> dist(0.f, 1.f);
+    for (size_t i = 0; i < k.size(); ++i) {
+      ioattn::store_from_f32(k.data(), int64_t(i), t, dist(rng));
+      ioattn::store_from_f32(v.data(), int64_t(i), t, dist(rng));
+    }
+    q.resize(size_t(b * kHq * kDim));
+    for (float& x : q) x = dist(rng);
+    out.assign(q.size(), 0.f);
+    seqlens.assign(size_t(b), int32_t(s));
+    cache.k = {k.data(), int32_t(t), b, s, kHkv, kDim, s * row, row, kDim};
+    cache.v = {v.data(), int32_t(t), b, s, kHkv, kDim, s * row, row, kDim};
+    cache.seqlens = seqlens.data();
+    tq = {q.data(), IOATTN_F32, b, 1, kHq, kDim, kHq * kDim, kHq * kDim, kDim};
+    to = {out.data(), IOATTN_F32, b, 1, kHq, kDim, kHq * kDim, kHq * kDim, kDim};
+  }
+  double kv_bytes() const { return double(k.size() + v.size()) * 2.0; }
+};
+
+double dram_read_gbs(int threads) {
+  static double cached[64] = {};
+  if (cached[threads] == 0) cached[threads] = ioattn::peers::measure_read_bandwidth(threads, size_t(1) << 30);
+  return cached[threads];
+}
+
+void BM_ReadBandwidth(benchmark::State& state) {
+  const int threads = int(state.range(0));
+  double gbs = 0;
+  for (auto _ : state) gbs = dram_read_gbs(threads);
+  state.counters["GB/s"] = gbs;
+}
+
+void BM_Decode(benchmark::State& state, ioattn::DType cache_dtype) {
+  const int threads = int(state.range(2));
+  Decode d(state.range(0), state.range(1), cache_dtype);
+  ioattn_options opt;
+  ioattn_options_default(&opt);
+  opt.num_threads = threads;
+  if (ioattn_forward_kvcache(&d.tq, &d.cache, nullptr, nullptr, &d.to, nullptr, &opt) != IOATTN_OK) {
+    state.SkipWithError(ioattn_last_error());
+    return;
+  }
+  double total = 0;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    ioattn_forward_kvcache(&d.tq, &d.cache, nullptr, nullptr, &d.to, nullptr, &opt);
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    state.SetIterationTime(dt);
+    total += dt;
+  }
+  const double gbs = d.kv_bytes() * double(state.iterations()) / total * 1e-9;
+  const double dram = dram_read_gbs(threads);
+  state.counters["KV_MiB"] = d.kv_bytes() / double(1 << 20);
+  state.counters["GB/s"] = gbs;
+  state.counters["dram_GB/s"] = dram;
+  state.counters["of_dram%"] = 100.0 * gbs / dram;
+  state.SetLabel(std::string(ioattn::dtype_name(cache_dtype)) + " cache, f32 q");
+}
+
+void DecodeArgs(benchmark::internal::Benchmark* b) {
+  const int all = ioattn::cpu::default_threads();
+  for (int64_t batch : {1, 2, 4, 8})
+    for (int64_t keys : {4096, 16384, 32768}) b->Args({batch, keys, all});
+  b->ArgNames({"B", "Sk", "threads"})->UseManualTime()->MinTime(0.5)->Unit(benchmark::kMillisecond);
+}
+
+}  // namespace
+
+BENCHMARK(BM_ReadBandwidth)->Name("ceiling/dram_read")->Arg(ioattn::cpu::default_threads())->ArgName("threads")->Iterations(1);
+BENCHMARK_CAPTURE(BM_Decode, f16, ioattn::DType::f16)->Apply(DecodeArgs);
+BENCHMARK_CAPTURE(BM_Decode, bf16, ioattn::DType::bf16)->Apply(DecodeArgs);
+
+BENCHMARK_MAIN();
