@@ -38,7 +38,7 @@ struct FwdShape {
   static constexpr int o_tiles = D / 8;            // n8 tiles of O
   static constexpr int pitch = gpu_tile_row_pitch(D);
   static constexpr int64_t smem_bytes = gpu_tile_smem_bytes(tile, D);
-  static constexpr int min_ctas = warps == 4 ? 2 : 1;
+  static constexpr int min_ctas = smem_bytes * 2 <= 227 * 1024 ? 2 : 1;
   static constexpr bool matches(const GpuTile& t) {
     return t.supported && t.block_q == BlockQ && t.block_kv == BlockKv && t.warps == Warps && t.stages == Stages;
   }
@@ -241,12 +241,16 @@ __global__ void __launch_bounds__(Shape::threads, Shape::min_ctas)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const KeyRange keys = visible_keys(p, seq, m0 + warp_row0 + mt * 16 + g + hr * 8);
+          // The row's visible range relative to this tile, clamped into [0, BN]: 32-bit compares
+          // per element.
+          const int lo = int(keys.begin - n0 < 0 ? 0 : keys.begin - n0 > BN ? BN : keys.begin - n0);
+          const int hi = int(keys.end - n0 < 0 ? 0 : keys.end - n0 > BN ? BN : keys.end - n0);
 #pragma unroll
           for (int n = 0; n < NT; ++n)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const int64_t j = n0 + n * 8 + 2 * t + e;
-              if (j < keys.begin || j >= keys.end) s[mt][n][2 * hr + e] = softmax::neg_inf();
+              const int col = n * 8 + 2 * t + e;
+              if (col < lo || col >= hi) s[mt][n][2 * hr + e] = softmax::neg_inf();
             }
         }
     }
