@@ -576,6 +576,8 @@ Status kvcache_impl(const ioattn_tensor* q, const ioattn_kvcache* cache, const i
   p.lse_batch_stride = q->heads * q->seqlen;
 
   if (opt->backend == IOATTN_BACKEND_CUDA) {
+    // The append writes the cache, so whatever the kernel would refuse must be refused first.
+    if (!(s = gpu::check_supported(p)).is_ok()) return s;
     if (seqlen_new > 0) {
       gpu::KvAppend a;
       a.k_new = k_new->data;
