@@ -46,6 +46,13 @@ constexpr int cpu_block_q_quantum(int simd_bits) {
                  cpu_register_tile(simd_bits).vecs * cpu_float_lanes(simd_bits));
 }
 
+// Decode: when a sequence's query rows (G heads x Sq positions) number at most this many, the
+// kernel streams K/V straight from the cache, one task per (sequence, key split) over all kv
+// heads (cpu/flash_kernel.cc, DecodeRange); the planner then splits the key axis to give the
+// cores batch x splits tasks. 8 rows: 2 x 8 x D FMA lanes per key still run faster than a
+// core's share of DRAM delivers the key's 4 x D bytes (f16), see the kernel's arithmetic.
+constexpr int cpu_decode_max_rows = 8;
+
 // block_kv is best a multiple of the score kernel's keys per step (6 on AVX2, 8 on AVX-512).
 constexpr int cpu_block_kv_quantum(int simd_bits) { return cpu_register_tile(simd_bits).rows; }
 

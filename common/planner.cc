@@ -160,7 +160,10 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
   plan.working_set_bytes = cpu_working_set_bytes(bq, bkv, dp, dvp);
 
   const int64_t q_blocks = plan.rows_per_unit > 0 ? ceil_div(pr.seqlen_q, std::max<int64_t>(1, bq / std::max<int64_t>(group, 1))) : 0;
-  const int64_t tasks = plan.units * q_blocks;
+  // Decode rows (cpu_decode_max_rows) run one task per (sequence, split) over all kv heads, so
+  // only the batch counts toward filling the cores.
+  const bool decode = plan.rows_per_unit > 0 && plan.rows_per_unit <= cpu_decode_max_rows;
+  const int64_t tasks = decode ? pr.batch : plan.units * q_blocks;
   plan.kv_splits = split_keys(tasks, cores, pr.seqlen_k, bkv);
   plan.work_items = tasks * plan.kv_splits;
   const int requested = threads > 0 ? threads : cores;

@@ -59,6 +59,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "common/alloc.h"
@@ -96,6 +97,16 @@ static_assert(kPanelRows % kTile.rows == 0, "panel not a whole PV tile");
 
 constexpr int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 constexpr size_t AlignBytes(size_t x) { return (x + 63) / 64 * 64; }
+
+// Decode mode (DecodeRange) takes calls whose sequences have at most kDecodeRows query rows
+// per kv head: decode's G heads of one token (G = 4 for Hq = 32 over Hkv = 8) or a couple of
+// speculative tokens. Its cost per key grows with the rows (2 x rows x D multiply-adds) while the
+// packed path's register tile wants 16+ rows. kDecodeKeys positions form one softmax block: the
+// block's K and V for all heads (16 x 8 x 512 bytes = 64 KiB in f16) are in flight or in L1/L2
+// between the score pass and P V; 16 measured best of 16/32/64 (fewer blocks in flight, less
+// eviction before P V reads them).
+constexpr int64_t kDecodeRows = cpu_decode_max_rows;
+constexpr int64_t kDecodeKeys = 16;
 
 // ---------------------------------------------------------------------------------------------
 // Micro-kernels.
@@ -224,62 +235,7 @@ void RowToF32(const void* base, int64_t offset, DType type, int64_t n, float* ds
 // Geometry of one call and the per-worker scratch carved from one allocation.
 
 // Regions of a worker's scratch, each 64-byte aligned.
-enum Region { kQt, kQrow, kK0, kK1, kV0, kV1, kHeadK, kHeadV, kVtmp, kSt, kO, kM, kL, kAlpha, kMref, kMblk, kLo, kHi, kRowLo, kRowHi, kRegions };
-
-struct Geometry {
-  int64_t D = 0, Dv = 0, Dvp = 0, G = 0;
-  int64_t Dvq = 0;  // Dv rounded up to whole V panels
-  int64_t pos_per_tile = 0;  // query positions per tile
-  int64_t rows_max = 0;      // pos_per_tile * G
-  int64_t mp_max = 0;        // rows_max rounded up to the vector: the rows of Q^T and of O
-  int64_t block_kv = 0;
-  int64_t splits = 1;
-  // Head mode: a task is a whole (sequence, kv head) whose K/V is packed once and read by all of
-  // its query tiles; head_keys is the longest sequence's key count (the head buffers' rows).
-  bool head_mode = false;
-  int64_t head_keys = 0;
-  size_t off[kRegions] = {};
-  size_t worker_bytes = 0;
-  int64_t partial_floats = 0;  // O (rows_max x Dvp), m and l (rows_max each) of one (tile, split)
-};
-
-Geometry MakeGeometry(const AttnParams& p, const Plan& plan, bool head_mode, int64_t head_keys) {
-  Geometry g;
-  g.D = p.head_dim;
-  g.Dv = p.head_dim_v;
-  g.Dvp = RoundUp(g.Dv, kLanes);
-  g.Dvq = RoundUp(g.Dv, kPanelCols);
-  g.G = p.heads_q / p.heads_kv;
-  g.pos_per_tile = std::max<int64_t>(1, plan.block_q / g.G);
-  g.rows_max = g.pos_per_tile * g.G;
-  g.mp_max = RoundUp(g.rows_max, kLanes);
-  g.block_kv = std::max(1, plan.block_kv);
-  g.splits = std::max(1, plan.kv_splits);
-  g.head_mode = head_mode;
-  g.head_keys = head_keys;
-  const size_t f = sizeof(float);
-  const size_t rows = size_t(g.mp_max), bk = size_t(g.block_kv);
-  size_t bytes[kRegions] = {};
-  bytes[kQt] = rows * size_t(g.D) * f;
-  bytes[kQrow] = size_t(g.D) * f;
-  bytes[kK0] = bytes[kK1] = head_mode ? 0 : bk * size_t(g.D) * f;
-  bytes[kV0] = bytes[kV1] = head_mode ? 0 : bk * size_t(g.Dvq) * f;
-  bytes[kHeadK] = head_mode ? size_t(head_keys) * size_t(g.D) * f : 0;
-  bytes[kHeadV] = head_mode ? size_t(head_keys) * size_t(g.Dvq) * f : 0;
-  bytes[kVtmp] = size_t(g.Dvq) * f;
-  bytes[kSt] = bk * size_t(kPanelRows) * f;
-  bytes[kO] = rows * size_t(g.Dvp) * f;
-  for (int r : {kM, kL, kAlpha, kMref, kMblk, kLo, kHi}) bytes[r] = rows * f;
-  bytes[kRowLo] = bytes[kRowHi] = rows * sizeof(int64_t);
-  size_t at = 0;
-  for (int r = 0; r < kRegions; ++r) {
-    g.off[r] = at;
-    at += AlignBytes(bytes[r]);
-  }
-  g.worker_bytes = at;
-  g.partial_floats = g.rows_max * g.Dvp + 2 * g.rows_max;
-  return g;
-}
+enum Region { kQt, kQrow, kK0, kK1, kV0, kV1, kHeadK, kHeadV, kVtmp, kSt, kO, kM, kL, kAlpha, kMref, kMblk, kLo, kHi, kRowLo, kRowHi, kVRows, kViews, kRegions };
 
 struct Scratch {
   float* qt;
@@ -296,10 +252,84 @@ struct Scratch {
   float* o;
   float *m, *l, *alpha, *mref, *mblk, *lo, *hi;
   int64_t *row_lo, *row_hi;
+  const void** vrows;  // decode: the current key block's V rows in the cache
 };
 
-Scratch CarveScratch(const Geometry& g, unsigned char* base) {
-  auto at = [&](Region r) { return base + g.off[r]; };
+struct Geometry {
+  int64_t D = 0, Dv = 0, Dvp = 0, G = 0;
+  int64_t Dvq = 0;  // Dv rounded up to whole V panels
+  int64_t pos_per_tile = 0;  // query positions per tile
+  int64_t rows_max = 0;      // pos_per_tile * G
+  int64_t mp_max = 0;        // rows_max rounded up to the vector: the rows of Q^T and of O
+  int64_t block_kv = 0;
+  int64_t splits = 1;
+  // Head mode: a task is a whole (sequence, kv head) whose K/V is packed once and read by all of
+  // its query tiles; head_keys is the longest sequence's key count (the head buffers' rows).
+  bool head_mode = false;
+  int64_t head_keys = 0;
+  // Decode mode (DecodeTask): every sequence's query rows fit one tile of at most kDecodeRows
+  // rows; a task is a (sequence, split) over ALL kv heads, which keep their state side by side
+  // (heads_kv copies of Q, S^T, O, m, l: region r of head hk at off[r] + hk * head_bytes[r]).
+  bool decode = false;
+  int64_t heads_kv = 1;
+  size_t head_bytes[kRegions] = {};
+  size_t off[kRegions] = {};
+  size_t worker_bytes = 0;
+  int64_t partial_floats = 0;  // O (rows_max x Dvp), m and l (rows_max each) of one (tile, split)
+};
+
+// decode_positions > 0 selects decode mode with that many query positions per tile.
+Geometry MakeGeometry(const AttnParams& p, const Plan& plan, bool head_mode, int64_t head_keys,
+                      int64_t decode_positions = 0) {
+  Geometry g;
+  g.D = p.head_dim;
+  g.Dv = p.head_dim_v;
+  g.Dvp = RoundUp(g.Dv, kLanes);
+  g.Dvq = RoundUp(g.Dv, kPanelCols);
+  g.G = p.heads_q / p.heads_kv;
+  g.decode = decode_positions > 0;
+  g.pos_per_tile = g.decode ? decode_positions : std::max<int64_t>(1, plan.block_q / g.G);
+  g.rows_max = g.pos_per_tile * g.G;
+  g.mp_max = RoundUp(g.rows_max, kLanes);
+  g.block_kv = std::max(1, plan.block_kv);
+  g.splits = std::max(1, plan.kv_splits);
+  g.head_mode = head_mode;
+  g.head_keys = head_keys;
+  g.heads_kv = g.decode ? p.heads_kv : 1;
+  const size_t f = sizeof(float);
+  const size_t rows = size_t(g.mp_max), bk = size_t(g.block_kv);
+  size_t bytes[kRegions] = {};
+  bytes[kQt] = rows * size_t(g.D) * f;
+  bytes[kQrow] = size_t(g.D) * f;
+  const bool packs = !head_mode && !g.decode;
+  bytes[kK0] = bytes[kK1] = packs ? bk * size_t(g.D) * f : 0;
+  bytes[kV0] = bytes[kV1] = packs ? bk * size_t(g.Dvq) * f : 0;
+  bytes[kHeadK] = head_mode ? size_t(head_keys) * size_t(g.D) * f : 0;
+  bytes[kHeadV] = head_mode ? size_t(head_keys) * size_t(g.Dvq) * f : 0;
+  bytes[kVtmp] = size_t(g.Dvq) * f;
+  bytes[kSt] = (g.decode ? size_t(kDecodeKeys) * rows : bk * size_t(kPanelRows)) * f;
+  bytes[kO] = rows * size_t(g.Dvp) * f;
+  for (int r : {kM, kL, kAlpha, kMref, kMblk, kLo, kHi}) bytes[r] = rows * f;
+  bytes[kRowLo] = bytes[kRowHi] = rows * sizeof(int64_t);
+  bytes[kVRows] = g.decode ? size_t(kDecodeKeys) * sizeof(const void*) : 0;
+  bytes[kViews] = g.decode ? size_t(g.heads_kv) * sizeof(Scratch) : 0;
+  size_t at = 0;
+  for (int r = 0; r < kRegions; ++r) {
+    const bool per_head = r == kQt || r == kSt || r == kO || r == kM || r == kL || r == kAlpha || r == kMref ||
+                          r == kMblk || r == kVRows;
+    g.head_bytes[r] = per_head ? AlignBytes(bytes[r]) : 0;
+    g.off[r] = at;
+    at += per_head ? size_t(g.heads_kv) * g.head_bytes[r] : AlignBytes(bytes[r]);
+  }
+  g.worker_bytes = at;
+  g.partial_floats = g.rows_max * g.Dvp + 2 * g.rows_max;
+  return g;
+}
+
+
+// hk: which kv head's copy of the per-head regions (decode mode; 0 otherwise).
+Scratch CarveScratch(const Geometry& g, unsigned char* base, int64_t hk = 0) {
+  auto at = [&](Region r) { return base + g.off[r] + size_t(hk) * g.head_bytes[r]; };
   Scratch w;
   w.qt = reinterpret_cast<float*>(at(kQt));
   w.qrow = reinterpret_cast<float*>(at(kQrow));
@@ -322,6 +352,7 @@ Scratch CarveScratch(const Geometry& g, unsigned char* base) {
   w.hi = reinterpret_cast<float*>(at(kHi));
   w.row_lo = reinterpret_cast<int64_t*>(at(kRowLo));
   w.row_hi = reinterpret_cast<int64_t*>(at(kRowHi));
+  w.vrows = reinterpret_cast<const void**>(at(kVRows));
   return w;
 }
 
@@ -616,6 +647,269 @@ void RunTileBlocks(const AttnParams& p, const Geometry& g, const Tile& t, int64_
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// ---------------------------------------------------------------------------------------------
+// Decode mode: K/V stream straight from the cache. Packing would convert each key to f32 into
+// scratch and read it back, and score with a register tile whose 16 query rows (2 AVX2 vectors)
+// are mostly empty at G = 4; here each K row is loaded once, widened in registers (PromoteTo,
+// exact) and dotted with every row of its head, and each V row is loaded once per column chunk
+// while it sits in L1, so every byte of the cache crosses the memory bus once.
+//
+// Arithmetic (D = Dv = 128, f16, G = 4, AVX2): a key of one head is 256 + 256 bytes (8 lines)
+// and costs 16 K vectors x 4 rows = 64 FMAs for the scores plus 16 V vectors x 4 rows = 64 FMAs
+// for P V: 4 flops per byte, so the FMA rate, not DRAM, bounds decode on a small machine. On the
+// shared 2-core VM an 8-chain FMA loop ran 0.8-0.9 G vector FMAs per second per core under load
+// (i.e. at most ~3.5 GB/s of K/V per core), which is why the kernel keeps everything else off the
+// FMA path: the horizontal sums are one per (key, row), the softmax is vectorized over rows
+// (SoftmaxBlock), and no f32 copy is written or re-read.
+//
+// Memory: the lines in flight must cover latency x bandwidth = ~100 ns x 11 GB/s = 1.1 KB for
+// the machine. DecodeRange reads the cache in its own order (positions outer, heads inner), a
+// contiguous stream the hardware prefetchers follow; software prefetch runs kDecodePrefetchKeys
+// positions ahead for K and V (4 x 4 KiB = 16 KiB, 256 lines at Hkv = 8: far more than the
+// bandwidth-delay product, so P V finds V in L1/L2 after the block's score pass). Distances 2, 4,
+// 8 and 16 were measured; 4 was best, 2 and 16 lost 10-25%.
+
+constexpr int64_t kDecodePrefetchKeys = 4;
+
+template <class T>
+HWY_INLINE VF LoadWide(const T* p) {
+  const DF df;
+  if constexpr (std::is_same_v<T, float>) {
+    return hn::LoadU(df, p);
+  } else {
+    const hn::Rebind<T, DF> dt;
+    return hn::PromoteTo(df, hn::LoadU(dt, p));
+  }
+}
+
+template <class T>
+constexpr DType kDTypeOf = std::is_same_v<T, float> ? DType::f32
+                           : std::is_same_v<T, hwy::float16_t> ? DType::f16
+                                                                : DType::bf16;
+
+// s0[r] = K0 . Q[r], s1[r] = K1 . Q[r] for R query rows (q: row-major f32, stride D). Two keys
+// share each Q load; 2R accumulator chains (8 at R = 4) keep both FMA ports busy. The tail of
+// D past the last whole vector is scalar.
+template <class T, int R>
+void DecodeScore2(const T* k0, const T* k1, const float* q, int64_t D, float* s0, float* s1) {
+  const DF df;
+  VF a0[R], a1[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    a0[r] = hn::Zero(df);
+    a1[r] = hn::Zero(df);
+  }
+  int64_t d = 0;
+  for (; d + kLanes <= D; d += kLanes) {
+    const VF kv0 = LoadWide(k0 + d), kv1 = LoadWide(k1 + d);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const VF qv = hn::LoadU(df, q + r * D + d);
+      a0[r] = hn::MulAdd(kv0, qv, a0[r]);
+      a1[r] = hn::MulAdd(kv1, qv, a1[r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    float x0 = hn::GetLane(hn::SumOfLanes(df, a0[r])), x1 = hn::GetLane(hn::SumOfLanes(df, a1[r]));
+    for (int64_t e = d; e < D; ++e) {
+      x0 += load_as_f32(k0, e, kDTypeOf<T>) * q[r * D + e];
+      x1 += load_as_f32(k1, e, kDTypeOf<T>) * q[r * D + e];
+    }
+    s0[r] = x0;
+    s1[r] = x1;
+  }
+}
+
+// O[r][col + c * lanes ...] += sum_{j in [a, e)} P^T[j][r] * V_j[col + c * lanes ...] for R rows
+// and C vectors of columns, V rows read from the cache (vrows[j]). p: P^T at row 0 of the chunk
+// (stride mp); o: O at the chunk's first row (stride dvp).
+template <class T, int R, int C>
+void DecodePv(const void* const* vrows, int64_t a, int64_t e, const float* p, int64_t mp, int64_t col, float* o,
+              int64_t dvp) {
+  const DF df;
+  VF acc[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = hn::Load(df, o + r * dvp + col + c * kLanes);
+  for (int64_t j = a; j < e; ++j) {
+    const T* v = static_cast<const T*>(vrows[j]) + col;
+    VF vv[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) vv[c] = LoadWide(v + c * kLanes);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const VF pb = hn::Set(df, p[j * mp + r]);
+      for (int c = 0; c < C; ++c) acc[r][c] = hn::MulAdd(pb, vv[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) hn::Store(acc[r][c], df, o + r * dvp + col + c * kLanes);
+}
+
+// Register tiles of the decode kernels: up to 4 rows x 2 column vectors (8 accumulators, 2 V
+// loads and a broadcast: 11 of AVX2's 16 registers).
+constexpr int kDecodeRowChunk = 4;
+constexpr int kDecodeColVecs = 2;
+
+template <class T, int C>
+void DecodePvRows(int R, const void* const* vrows, int64_t a, int64_t e, const float* p, int64_t mp, int64_t col,
+                  float* o, int64_t dvp) {
+  switch (R) {
+    case 1: return DecodePv<T, 1, C>(vrows, a, e, p, mp, col, o, dvp);
+    case 2: return DecodePv<T, 2, C>(vrows, a, e, p, mp, col, o, dvp);
+    case 3: return DecodePv<T, 3, C>(vrows, a, e, p, mp, col, o, dvp);
+    default: return DecodePv<T, 4, C>(vrows, a, e, p, mp, col, o, dvp);
+  }
+}
+
+// Rows [r0, r0 + R) += P V over keys [a, e) of the block, every column of Dv.
+template <class T>
+void DecodePvRange(const Geometry& g, int R, int64_t r0, int64_t a, int64_t e, int64_t mp, const Scratch& w) {
+  if (a >= e) return;
+  const int64_t full = g.Dv / kLanes * kLanes;
+  const float* p = w.st + r0;
+  float* o = w.o + r0 * g.Dvp;
+  int64_t col = 0;
+  for (; col + kDecodeColVecs * kLanes <= full; col += kDecodeColVecs * kLanes)
+    DecodePvRows<T, kDecodeColVecs>(R, w.vrows, a, e, p, mp, col, o, g.Dvp);
+  for (; col < full; col += kLanes) DecodePvRows<T, 1>(R, w.vrows, a, e, p, mp, col, o, g.Dvp);
+  for (; col < g.Dv; ++col)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t j = a; j < e; ++j) o[r * g.Dvp + col] += p[j * mp + r] * load_as_f32(w.vrows[j], col, kDTypeOf<T>);
+}
+
+template <class T>
+void DecodeScoreRows(int R, const T* k0, const T* k1, const float* q, int64_t D, float* s0, float* s1) {
+  switch (R) {
+    case 1: return DecodeScore2<T, 1>(k0, k1, q, D, s0, s1);
+    case 2: return DecodeScore2<T, 2>(k0, k1, q, D, s0, s1);
+    case 3: return DecodeScore2<T, 3>(k0, k1, q, D, s0, s1);
+    default: return DecodeScore2<T, 4>(k0, k1, q, D, s0, s1);
+  }
+}
+
+// One decode task: keys [kb, ke) of sequence b (its split's whole key range) for ALL kv heads,
+// in softmax blocks of kDecodeKeys positions from kb. Positions are the outer loop of the score
+// pass and heads the inner one, so with the usual [batch][seq][Hkv][D] cache the K reads walk
+// one contiguous stream (Hkv x D x 2 = 2 KiB per position in f16) instead of Hkv streams of
+// 256-byte rows 2 KiB apart: on the 2-core VM a plain read of K and V head by head reached
+// 4 GB/s against 10-11 GB/s position by position, whatever the software prefetch distance.
+// (Head-major caches still read one contiguous stream per head.) Each head then runs the
+// online softmax and P V over its own block, reading V rows the score pass prefetched.
+// State per head (ws[hk]) follows RunTileBlocks' rules: SoftmaxBlock is shared, a hidden key's
+// score is -inf by select, and P V gives each row only the keys it sees, so a NaN in a hidden V
+// row never reaches it.
+template <class T>
+void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpan& seq, int64_t rows, int64_t mp,
+                 int64_t kb, int64_t ke, const Scratch* ws) {
+  const T* kbase = static_cast<const T*>(p.k);
+  const T* vbase = static_cast<const T*>(p.v);
+  const int64_t H = g.heads_kv;
+  const bool capped = p.softcap > 0.f;
+  const Scratch& w0 = ws[0];
+  float spare[kDecodeRowChunk];
+  auto prefetch_position = [&](int64_t j) {
+    for (int64_t hk = 0; hk < H; ++hk) {
+      PrefetchRow(p.k, k_offset(p, b, seq, j, hk), p.kv_dtype, g.D);
+      PrefetchRow(p.v, v_offset(p, b, seq, j, hk), p.kv_dtype, g.Dv);
+    }
+  };
+  for (int64_t j = kb; j < std::min(ke, kb + kDecodePrefetchKeys); ++j) prefetch_position(j);
+  for (int64_t j0 = kb; j0 < ke; j0 += kDecodeKeys) {
+    const int64_t nk = std::min(kDecodeKeys, ke - j0);
+    bool masked = false, any_visible = false;
+    for (int64_t r = 0; r < mp; ++r) {
+      const int64_t lo = std::clamp<int64_t>(w0.row_lo[r] - j0, 0, nk);
+      const int64_t hi = std::clamp<int64_t>(w0.row_hi[r] - j0, lo, nk);
+      w0.lo[r] = static_cast<float>(lo);
+      w0.hi[r] = static_cast<float>(hi);
+      if (r < rows) {
+        masked |= lo != 0 || hi != nk;
+        any_visible |= lo < hi;
+      }
+    }
+    // Rows that see none of the block keep their state exactly (alpha 1, p 0).
+    if (!any_visible) continue;
+    for (int64_t j = 0; j < nk; j += 2) {
+      for (int64_t ahead = j0 + j + kDecodePrefetchKeys; ahead < std::min(ke, j0 + j + kDecodePrefetchKeys + 2); ++ahead)
+        prefetch_position(ahead);
+      const bool pair = j + 1 < nk;
+      for (int64_t hk = 0; hk < H; ++hk) {
+        const Scratch& w = ws[hk];
+        const T* k0 = kbase + k_offset(p, b, seq, j0 + j, hk);
+        const T* k1 = pair ? kbase + k_offset(p, b, seq, j0 + j + 1, hk) : k0;
+        w.vrows[j] = vbase + v_offset(p, b, seq, j0 + j, hk);
+        if (pair) w.vrows[j + 1] = vbase + v_offset(p, b, seq, j0 + j + 1, hk);
+        for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
+          const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
+          DecodeScoreRows<T>(R, k0, k1, w.qt + r0 * g.D, g.D, w.st + j * mp + r0,
+                             pair ? w.st + (j + 1) * mp + r0 : spare);
+        }
+        // Padding rows score 0 (finite), so the unmasked softmax never meets stale scratch.
+        for (int64_t r = rows; r < mp; ++r) {
+          w.st[j * mp + r] = 0.f;
+          if (pair) w.st[(j + 1) * mp + r] = 0.f;
+        }
+      }
+    }
+    const Panel pn{0, rows, mp};
+    const DF df;
+    for (int64_t hk = 0; hk < H; ++hk) {
+      Scratch w = ws[hk];
+      w.lo = w0.lo;
+      w.hi = w0.hi;
+      if (masked) {
+        if (capped) SoftmaxBlock<true, true>(pn, nk, p.scale, p.softcap, w);
+        else SoftmaxBlock<true, false>(pn, nk, p.scale, p.softcap, w);
+      } else {
+        if (capped) SoftmaxBlock<false, true>(pn, nk, p.scale, p.softcap, w);
+        else SoftmaxBlock<false, false>(pn, nk, p.scale, p.softcap, w);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        if (w.alpha[r] == 1.f) continue;
+        const VF a = hn::Set(df, w.alpha[r]);
+        float* o = w.o + r * g.Dvp;
+        for (int64_t c = 0; c < g.Dvp; c += kLanes) hn::Store(hn::Mul(hn::Load(df, o + c), a), df, o + c);
+      }
+    }
+    // P V head by head over the block: its kDecodeKeys x Hkv V rows (32 KiB in f16) were
+    // prefetched with their K by the score pass, position by position. Keys every row of a
+    // chunk sees go through the chunk's register tile; the rest row by row.
+    {
+      const int64_t q0 = 0, q1 = nk;
+      for (int64_t hk = 0; hk < H; ++hk) {
+        const Scratch& w = ws[hk];
+        for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
+          const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
+          int64_t a = q0, e = q1;
+          bool fast = true;
+          for (int64_t r = r0; r < r0 + R; ++r) {
+            const int64_t lo = static_cast<int64_t>(w0.lo[r]), hi = static_cast<int64_t>(w0.hi[r]);
+            fast &= lo < hi;
+            a = std::max(a, lo);
+            e = std::min(e, hi);
+          }
+          fast &= a < e;
+          if (fast) DecodePvRange<T>(g, R, r0, a, e, mp, w);
+          for (int64_t r = r0; r < r0 + R; ++r) {
+            const int64_t lo = std::max(q0, static_cast<int64_t>(w0.lo[r]));
+            const int64_t hi = std::min(q1, static_cast<int64_t>(w0.hi[r]));
+            if (!fast) {
+              DecodePvRange<T>(g, 1, r, lo, hi, mp, w);
+              continue;
+            }
+            DecodePvRange<T>(g, 1, r, lo, std::min(a, hi), mp, w);
+            DecodePvRange<T>(g, 1, r, std::max(e, lo), hi, mp, w);
+          }
+        }
+      }
+    }
+  }
+}
+
 // Writes row r's normalized output (rounded to the storage type) and its lse.
 void WriteRow(const AttnParams& p, const Geometry& g, const Tile& t, int64_t r, const float* o, float m,
               float l) {
@@ -665,7 +959,8 @@ struct TileIndex {
 };
 
 // Packs Q^T and the rows' visible ranges; returns the union [u0, u1) and the block count.
-void PrepareTile(const AttnParams& p, const Geometry& g, const Tile& t, const Scratch& w, int64_t* u0,
+// decode: Q row-major ([row][D], for the decode path) instead of in Q^T panels.
+void PrepareTile(const AttnParams& p, const Geometry& g, const Tile& t, const Scratch& w, bool decode, int64_t* u0,
                  int64_t* u1, int64_t* nb) {
   *u0 = std::numeric_limits<int64_t>::max();
   *u1 = std::numeric_limits<int64_t>::min();
@@ -673,13 +968,18 @@ void PrepareTile(const AttnParams& p, const Geometry& g, const Tile& t, const Sc
   for (int64_t r = 0; r < t.mp; ++r) {
     float* panel = w.qt + (r / kLanes) * g.D * kLanes + r % kLanes;
     if (r >= t.rows) {
-      for (int64_t d = 0; d < g.D; ++d) panel[d * kLanes] = 0.f;
+      if (!decode)
+        for (int64_t d = 0; d < g.D; ++d) panel[d * kLanes] = 0.f;
       w.row_lo[r] = w.row_hi[r] = 0;
       continue;
     }
     const int64_t pos = t.pos0 + r / g.G, h = t.hk * g.G + r % g.G;
-    RowToF32(p.q, q_offset(p, t.b, t.seq, pos, h), p.io_dtype, g.D, row);
-    for (int64_t d = 0; d < g.D; ++d) panel[d * kLanes] = row[d];
+    if (decode) {
+      RowToF32(p.q, q_offset(p, t.b, t.seq, pos, h), p.io_dtype, g.D, w.qt + r * g.D);
+    } else {
+      RowToF32(p.q, q_offset(p, t.b, t.seq, pos, h), p.io_dtype, g.D, row);
+      for (int64_t d = 0; d < g.D; ++d) panel[d * kLanes] = row[d];
+    }
     const KeyRange keys = visible_keys(p, t.seq, pos);
     w.row_lo[r] = keys.begin;
     w.row_hi[r] = keys.end;
@@ -709,6 +1009,19 @@ constexpr int64_t kMaxHeadBytes = int64_t(64) << 20;
 // few-head problems keep per-tile tasks (and key splits), which expose more parallelism.
 CallShape DecideShape(const AttnParams& p, const Plan& plan) {
   CallShape c;
+  const int64_t G = p.heads_q / p.heads_kv;
+  int64_t max_sq = 0;
+  for (int64_t b = 0; b < p.batch; ++b) max_sq = std::max(max_sq, sequence(p, b).seqlen_q);
+  if (G * std::max<int64_t>(max_sq, 1) <= kDecodeRows) {
+    // Decode mode: one tile per (sequence, kv head), tasks (sequence, split) over all kv heads.
+    c.g = MakeGeometry(p, plan, false, 0, std::max<int64_t>(max_sq, 1));
+    for (int64_t b = 0; b < p.batch; ++b)
+      if (sequence(p, b).seqlen_q > 0) c.n_tiles += p.heads_kv;
+    c.n_heads = c.n_tiles;
+    c.n_tasks = p.batch * c.g.splits;
+    c.workers = static_cast<int>(std::min<int64_t>(std::max(plan.workers, 1), std::max<int64_t>(c.n_tasks, 1)));
+    return c;
+  }
   const Geometry g0 = MakeGeometry(p, plan, false, 0);
   int64_t head_keys = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
@@ -731,7 +1044,7 @@ CallShape DecideShape(const AttnParams& p, const Plan& plan) {
 // One tile (or split of one) from its prepared state to its output or partial.
 void RunTile(const AttnParams& p, const Geometry& g, const Tile& t, int64_t split, const Scratch& w, float* part) {
   int64_t u0, u1, nb;
-  PrepareTile(p, g, t, w, &u0, &u1, &nb);
+  PrepareTile(p, g, t, w, false, &u0, &u1, &nb);
   RunTileBlocks(p, g, t, u0, u1, nb, split * nb / g.splits, (split + 1) * nb / g.splits, w);
   if (!part) {
     for (int64_t r = 0; r < t.rows; ++r) WriteRow(p, g, t, r, w.o + r * g.Dvp, w.m[r], w.l[r]);
@@ -740,6 +1053,47 @@ void RunTile(const AttnParams& p, const Geometry& g, const Tile& t, int64_t spli
   std::memcpy(part, w.o, size_t(t.rows * g.Dvp) * sizeof(float));
   std::memcpy(part + g.rows_max * g.Dvp, w.m, size_t(t.rows) * sizeof(float));
   std::memcpy(part + g.rows_max * g.Dvp + g.rows_max, w.l, size_t(t.rows) * sizeof(float));
+}
+
+// One decode task (decode mode): split `split` of sequence b for all kv heads, leaving the
+// outputs, or the partials of tiles tile0 + hk (layout as in tile mode: [tile][split]).
+void DecodeTask(const AttnParams& p, const Geometry& g, int64_t b, int64_t split, unsigned char* base,
+                float* partials, int64_t tile0) {
+  Scratch* ws = reinterpret_cast<Scratch*>(base + g.off[kViews]);
+  int64_t u0 = 0, u1 = 0, nb = 0;
+  for (int64_t hk = 0; hk < g.heads_kv; ++hk) {
+    ws[hk] = CarveScratch(g, base, hk);
+    const Tile t = MakeTile(p, g, b, hk, 0);
+    PrepareTile(p, g, t, ws[hk], true, &u0, &u1, &nb);
+    for (int64_t r = 0; r < t.mp; ++r) {
+      ws[hk].m[r] = softmax::neg_inf();
+      ws[hk].l[r] = 0.f;
+    }
+    std::fill(ws[hk].o, ws[hk].o + t.mp * g.Dvp, 0.f);
+  }
+  const Tile t0 = MakeTile(p, g, b, 0, 0);
+  const int64_t blk_begin = split * nb / g.splits, blk_end = (split + 1) * nb / g.splits;
+  if (blk_begin < blk_end) {
+    const int64_t kb = std::max(u0, u1 - (nb - blk_begin) * g.block_kv);
+    const int64_t ke = u1 - (nb - blk_end) * g.block_kv;
+    switch (p.kv_dtype) {
+      case DType::f16: DecodeRange<hwy::float16_t>(p, g, b, t0.seq, t0.rows, t0.mp, kb, ke, ws); break;
+      case DType::bf16: DecodeRange<hwy::bfloat16_t>(p, g, b, t0.seq, t0.rows, t0.mp, kb, ke, ws); break;
+      default: DecodeRange<float>(p, g, b, t0.seq, t0.rows, t0.mp, kb, ke, ws); break;
+    }
+  }
+  for (int64_t hk = 0; hk < g.heads_kv; ++hk) {
+    const Scratch& w = ws[hk];
+    const Tile t = MakeTile(p, g, b, hk, 0);
+    if (!partials) {
+      for (int64_t r = 0; r < t.rows; ++r) WriteRow(p, g, t, r, w.o + r * g.Dvp, w.m[r], w.l[r]);
+      continue;
+    }
+    float* part = partials + ((tile0 + hk) * g.splits + split) * g.partial_floats;
+    std::memcpy(part, w.o, size_t(t.rows * g.Dvp) * sizeof(float));
+    std::memcpy(part + g.rows_max * g.Dvp, w.m, size_t(t.rows) * sizeof(float));
+    std::memcpy(part + g.rows_max * g.Dvp + g.rows_max, w.l, size_t(t.rows) * sizeof(float));
+  }
 }
 
 Status FlashForward(const AttnParams& p, const Plan& plan) {
@@ -752,11 +1106,12 @@ Status FlashForward(const AttnParams& p, const Plan& plan) {
   ScratchPtr<int64_t> tiles_before = scratch_array<int64_t>(size_t(p.batch) + 1);
   ScratchPtr<unsigned char> scratch = scratch_array<unsigned char>(g.worker_bytes * size_t(workers));
   ScratchPtr<float> partials;
-  if (g.splits > 1) partials = scratch_array<float>(size_t(n_tasks) * size_t(g.partial_floats));
+  const size_t partial_floats = size_t(n_tiles * g.splits) * size_t(g.partial_floats);
+  if (g.splits > 1) partials = scratch_array<float>(partial_floats);
   if (!tiles_before || !scratch || (g.splits > 1 && !partials)) {
     return Status::out_of_memory("CPU forward: could not allocate " +
                                  std::to_string(g.worker_bytes * size_t(workers) +
-                                                (g.splits > 1 ? size_t(n_tasks * g.partial_floats) * 4 : 0)) +
+                                                (g.splits > 1 ? partial_floats * sizeof(float) : 0)) +
                                  " bytes of scratch (workers=" + std::to_string(workers) +
                                  ", kv_splits=" + std::to_string(g.splits) + ")");
   }
@@ -782,11 +1137,20 @@ Status FlashForward(const AttnParams& p, const Plan& plan) {
     return Status::ok();
   }
   const TileIndex index{&p, &g, tiles_before.get()};
-  parallel_for(n_tasks, workers, [&](int64_t task, int worker) {
+  if (g.decode) {
+    parallel_for(n_tasks, workers, [&](int64_t task, int worker) {
+      const int64_t b = task / g.splits, split = task % g.splits;
+      if (QueryBlocks(g, sequence(p, b)) == 0) return;
+      DecodeTask(p, g, b, split, scratch.get() + size_t(worker) * g.worker_bytes, g.splits > 1 ? partials.get() : nullptr,
+                 tiles_before[b]);
+    });
+  } else {
+    parallel_for(n_tasks, workers, [&](int64_t task, int worker) {
     const Scratch w = CarveScratch(g, scratch.get() + size_t(worker) * g.worker_bytes);
     const int64_t tile_index = task / g.splits, split = task % g.splits;
     RunTile(p, g, index.Get(tile_index), split, w, g.splits > 1 ? partials.get() + task * g.partial_floats : nullptr);
-  });
+    });
+  }
   if (g.splits == 1) return Status::ok();
 
   // Merge the splits of each tile in split order (fixed, so the result is the same for any
@@ -820,7 +1184,7 @@ Status FlashForward(const AttnParams& p, const Plan& plan) {
 size_t ScratchBytes(const AttnParams& p, const Plan& plan) {
   const CallShape c = DecideShape(p, plan);
   return c.g.worker_bytes * size_t(c.workers) + size_t(p.batch + 1) * sizeof(int64_t) +
-         (c.g.splits > 1 ? size_t(c.n_tasks * c.g.partial_floats) * sizeof(float) : 0);
+         (c.g.splits > 1 ? size_t(c.n_tiles * c.g.splits * c.g.partial_floats) * sizeof(float) : 0);
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
