@@ -878,32 +878,28 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
     // P V head by head over the block: its kDecodeKeys x Hkv V rows (32 KiB in f16) were
     // prefetched with their K by the score pass, position by position. Keys every row of a
     // chunk sees go through the chunk's register tile; the rest row by row.
-    {
-      const int64_t q0 = 0, q1 = nk;
-      for (int64_t hk = 0; hk < H; ++hk) {
-        const Scratch& w = ws[hk];
-        for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
-          const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
-          int64_t a = q0, e = q1;
-          bool fast = true;
-          for (int64_t r = r0; r < r0 + R; ++r) {
-            const int64_t lo = static_cast<int64_t>(w0.lo[r]), hi = static_cast<int64_t>(w0.hi[r]);
-            fast &= lo < hi;
-            a = std::max(a, lo);
-            e = std::min(e, hi);
+    for (int64_t hk = 0; hk < H; ++hk) {
+      const Scratch& w = ws[hk];
+      for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
+        const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
+        int64_t a = 0, e = nk;
+        bool fast = true;
+        for (int64_t r = r0; r < r0 + R; ++r) {
+          const int64_t lo = static_cast<int64_t>(w0.lo[r]), hi = static_cast<int64_t>(w0.hi[r]);
+          fast &= lo < hi;
+          a = std::max(a, lo);
+          e = std::min(e, hi);
+        }
+        fast &= a < e;
+        if (fast) DecodePvRange<T>(g, R, r0, a, e, mp, w);
+        for (int64_t r = r0; r < r0 + R; ++r) {
+          const int64_t lo = static_cast<int64_t>(w0.lo[r]), hi = static_cast<int64_t>(w0.hi[r]);
+          if (!fast) {
+            DecodePvRange<T>(g, 1, r, lo, hi, mp, w);
+            continue;
           }
-          fast &= a < e;
-          if (fast) DecodePvRange<T>(g, R, r0, a, e, mp, w);
-          for (int64_t r = r0; r < r0 + R; ++r) {
-            const int64_t lo = std::max(q0, static_cast<int64_t>(w0.lo[r]));
-            const int64_t hi = std::min(q1, static_cast<int64_t>(w0.hi[r]));
-            if (!fast) {
-              DecodePvRange<T>(g, 1, r, lo, hi, mp, w);
-              continue;
-            }
-            DecodePvRange<T>(g, 1, r, lo, std::min(a, hi), mp, w);
-            DecodePvRange<T>(g, 1, r, std::max(e, lo), hi, mp, w);
-          }
+          DecodePvRange<T>(g, 1, r, lo, a, mp, w);
+          DecodePvRange<T>(g, 1, r, e, hi, mp, w);
         }
       }
     }

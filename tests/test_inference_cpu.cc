@@ -316,3 +316,20 @@ TEST_CASE("varlen packed batches, with empty sequences, match the reference", "[
     }
   }
 }
+
+TEST_CASE("decode mode over paged caches: page sizes 1, 16, 256, Sq 1 and 2, GQA 4 and 8", "[kvcache][decode]") {
+  // G x Sq <= 8 rows per kv head: the kernel's decode mode reads K/V position by position
+  // through the block table (pages in random order, guard pages NaN).
+  std::mt19937 rng(2026);
+  int index = 0;
+  for (int64_t page : {1, 16, 256})
+    for (int64_t sq : {1, 2})
+      for (int64_t g : {4, 8}) {
+        if (g * sq > 8) continue;
+        ++index;
+        const DType t = index % 2 ? DType::bf16 : DType::f16;
+        KvCase c{1 + index % 3, 2 * g, 2, index % 3 == 0 ? 72 : 128, sq, sq, page, t, 1, index % 4 == 1 ? 50 : -1,
+                 -1, 0.f};
+        DYNAMIC_SECTION("page " << page << " Sq " << sq << " G " << g) { run_kvcache_case(c, rng); }
+      }
+}
