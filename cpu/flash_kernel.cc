@@ -5,7 +5,11 @@
 // G = Hq / Hkv query heads that share hk are stacked into its rows (row r = position
 // pos0 + r / G, head hk * G + r % G), so every K/V block is converted and streamed once for all
 // G heads: for decode (Sq = 1) a tile is the G heads of one token, and each K/V byte of the cache
-// is read once per step. Two task shapes, chosen per call (DecideShape), same arithmetic:
+// is read once per step. Three task shapes, chosen per call (DecideShape):
+//  * decode mode, when each sequence has at most cpu_decode_max_rows rows per kv head (Sq = 1
+//    or 2 at G = 4): a task is a (sequence, key split) over ALL kv heads, reading K/V straight
+//    from the cache in its own order, position by position (DecodeRange explains why); the
+//    rest of this comment describes the two packed shapes, which share one arithmetic:
 //  * head mode, when every worker gets two or more heads with several tiles each: a task is a
 //    whole (b, hk); its keys are converted once into f32 scratch and all its tiles stream that
 //    copy (contiguous, so the hardware prefetchers follow it);
@@ -103,8 +107,8 @@ constexpr size_t AlignBytes(size_t x) { return (x + 63) / 64 * 64; }
 // speculative tokens. Its cost per key grows with the rows (2 x rows x D multiply-adds) while the
 // packed path's register tile wants 16+ rows. kDecodeKeys positions form one softmax block: the
 // block's K and V for all heads (16 x 8 x 512 bytes = 64 KiB in f16) are in flight or in L1/L2
-// between the score pass and P V; 16 measured best of 16/32/64 (fewer blocks in flight, less
-// eviction before P V reads them).
+// between the score pass and P V; 16 ran at least as fast as 32 and 64 (within the loaded
+// VM's noise), and the smaller block leaves its V lines less time to be evicted before P V.
 constexpr int64_t kDecodeRows = cpu_decode_max_rows;
 constexpr int64_t kDecodeKeys = 16;
 
@@ -657,19 +661,22 @@ void RunTileBlocks(const AttnParams& p, const Geometry& g, const Tile& t, int64_
 //
 // Arithmetic (D = Dv = 128, f16, G = 4, AVX2): a key of one head is 256 + 256 bytes (8 lines)
 // and costs 16 K vectors x 4 rows = 64 FMAs for the scores plus 16 V vectors x 4 rows = 64 FMAs
-// for P V: 4 flops per byte, so the FMA rate, not DRAM, bounds decode on a small machine. On the
-// shared 2-core VM an 8-chain FMA loop ran 0.8-0.9 G vector FMAs per second per core under load
-// (i.e. at most ~3.5 GB/s of K/V per core), which is why the kernel keeps everything else off the
-// FMA path: the horizontal sums are one per (key, row), the softmax is vectorized over rows
-// (SoftmaxBlock), and no f32 copy is written or re-read.
+// for P V: 4 flops per byte. Streaming 11 GB/s therefore needs 2.75 G vector FMAs per second
+// across the two cores, about half their peak at ~3 GHz (two FMA ports each), so everything
+// else is kept off that path: one horizontal sum per (key, row), the softmax vectorized over
+// rows (SoftmaxBlock), no f32 copy written or re-read. With the cache resident in L2/L3 the
+// kernel ran 7 GB/s per core (1 thread, the loaded VM).
 //
 // Memory: the lines in flight must cover latency x bandwidth = ~100 ns x 11 GB/s = 1.1 KB for
 // the machine. DecodeRange reads the cache in its own order (positions outer, heads inner), a
 // contiguous stream the hardware prefetchers follow; software prefetch runs kDecodePrefetchKeys
-// positions ahead for K and V (4 x 4 KiB = 16 KiB, 256 lines at Hkv = 8: far more than the
-// bandwidth-delay product, so P V finds V in L1/L2 after the block's score pass). Distances 2, 4,
-// 8 and 16 were measured; 4 was best, 2 and 16 lost 10-25%.
-
+// positions ahead for K and V (4 x 4 KiB at Hkv = 8, D = 128, f16), which matters where the
+// stream is not contiguous (paged caches: a page of 16 positions ends every 32 KiB and the next
+// one is anywhere). On the contiguous benchmark cache, distances 2..16 and no software prefetch
+// at all measured within the loaded VM's noise (3.5 +- 0.3 GB/s per core, 1 thread), while the
+// same kernel on an L2/L3-resident cache ran at 7 GB/s per core: one core's stream is latency
+// bound, about half of what a plain read loop reaches, since the score pass's dependent
+// arithmetic keeps the out-of-order window from running far ahead.
 constexpr int64_t kDecodePrefetchKeys = 4;
 
 template <class T>
