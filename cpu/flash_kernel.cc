@@ -326,7 +326,9 @@ Geometry MakeGeometry(const AttnParams& p, const Plan& plan, bool head_mode, int
     at += per_head ? size_t(g.heads_kv) * g.head_bytes[r] : AlignBytes(bytes[r]);
   }
   g.worker_bytes = at;
-  g.partial_floats = g.rows_max * g.Dvp + 2 * g.rows_max;
+  // Rounded to whole vectors: the merge loads each partial's O rows with aligned loads, and
+  // decode tiles can have any row count (2 x rows_max floats of m and l need not fill one).
+  g.partial_floats = RoundUp(g.rows_max * g.Dvp + 2 * g.rows_max, kLanes);
   return g;
 }
 
