@@ -1,0 +1,294 @@
+// The inference entry points on the CUDA backend: KV-cache append-then-attend (contiguous and
+// paged in random page order, with NaN guard pages) and packed variable-length batches, in bf16
+// and f16, against the fp64 reference run on each sequence rebuilt densely on the host. Every
+// pointer the call receives is a device pointer (docs/api.md, "Memory spaces").
+// Catch2 v2 builds its session runner only where CATCH_CONFIG_RUNNER is defined (v3 ignores it).
+#define CATCH_CONFIG_RUNNER
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/reference.h"
+#include "ioattn/ioattn.h"
+#include "tests/catch.h"
+
+#if IOATTN_HAVE_CUDA
+#include <cuda_runtime.h>
+
+namespace {
+
+using ioattn::DType;
+
+#define CUDA_OK(expr) REQUIRE((expr) == cudaSuccess)
+
+template <class T>
+struct DeviceArray {
+  T* ptr = nullptr;
+  size_t count = 0;
+  explicit DeviceArray(const std::vector<T>& host) : count(host.size()) {
+    CUDA_OK(cudaMalloc(&ptr, std::max<size_t>(1, count) * sizeof(T)));
+    if (count) CUDA_OK(cudaMemcpy(ptr, host.data(), count * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~DeviceArray() { cudaFree(ptr); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  std::vector<T> download() const {
+    std::vector<T> host(count);
+    if (count) CUDA_OK(cudaMemcpy(host.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+};
+
+// Values as the kernel reads them: drawn, then rounded through the storage type.
+std::vector<uint16_t> to_storage(const std::vector<float>& x, DType t) {
+  std::vector<uint16_t> s(x.size());
+  for (size_t i = 0; i < x.size(); ++i) ioattn::store_from_f32(s.data(), int64_t(i), t, x[i]);
+  return s;
+}
+
+struct SequenceOracle {
+  std::vector<double> out64, lse64;
+  std::vector<float> out32, lse32;
+};
+
+// One sequence, dense (S, H, D) f32 arrays, through the reference in f64 and f32.
+SequenceOracle reference(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                         int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d, bool causal) {
+  ioattn::AttnParams p;
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
+  p.batch = 1;
+  p.heads_q = hq;
+  p.heads_kv = hkv;
+  p.head_dim = p.head_dim_v = d;
+  p.seqlen_q = sq;
+  p.seqlen_k = sk;
+  p.q_seq_stride = p.o_seq_stride = hq * d;
+  p.q_head_stride = p.o_head_stride = d;
+  p.k_seq_stride = p.v_seq_stride = hkv * d;
+  p.k_head_stride = p.v_head_stride = d;
+  p.lse_head_stride = sq;
+  p.scale = float(1.0 / std::sqrt(double(d)));
+  p.causal = causal;
+  SequenceOracle o;
+  o.out64.assign(size_t(sq * hq * d), 0);
+  o.lse64.assign(size_t(hq * sq), 0);
+  o.out32.assign(o.out64.size(), 0);
+  o.lse32.assign(o.lse64.size(), 0);
+  ioattn::naive_attention<double>(p, o.out64.data(), o.lse64.data());
+  ioattn::naive_attention<float>(p, o.out32.data(), o.lse32.data());
+  return o;
+}
+
+// TESTING.md's rule with a half-precision output: err <= 2 * err(naive f32, rounded to the
+// storage type) + floor, floor = 2 ulp of the output magnitude in that type.
+void check_sequence(const std::vector<uint16_t>& out, int64_t offset, const std::vector<float>& lse, int64_t lse_at,
+                    int64_t lse_head_stride, const SequenceOracle& o, int64_t sq, int64_t hq, DType t) {
+  double magnitude = 0, naive_err = 0, err = 0;
+  for (size_t i = 0; i < o.out64.size(); ++i) {
+    const float got = ioattn::load_as_f32(out.data(), offset + int64_t(i), t);
+    REQUIRE(!std::isnan(got));
+    magnitude = std::max(magnitude, std::fabs(o.out64[i]));
+    naive_err = std::max(naive_err, std::fabs(double(ioattn::round_to(t, o.out32[i])) - o.out64[i]));
+    err = std::max(err, std::fabs(double(got) - o.out64[i]));
+  }
+  const double ulp = t == DType::bf16 ? 1.0 / 128 : 1.0 / 1024;
+  INFO("kernel error " << err << ", naive error " << naive_err << ", magnitude " << magnitude);
+  CHECK(err <= 2 * naive_err + 2 * ulp * std::max(magnitude, 1e-3));
+  for (int64_t h = 0; h < hq; ++h)
+    for (int64_t i = 0; i < sq; ++i) {
+      const double want = o.lse64[size_t(h * sq + i)];
+      const float got = lse[size_t(lse_at + h * lse_head_stride + i)];
+      if (std::isinf(want)) {
+        CHECK(got == float(want));
+      } else {
+        CHECK(std::fabs(double(got) - want) <= 1e-3 * std::max(1.0, std::fabs(want)));
+      }
+    }
+}
+
+struct KvCase {
+  int64_t batch, hq, hkv, d, snew;
+  int64_t page_size;  // 0: contiguous
+  DType dtype;
+  bool causal;
+};
+
+void run_kvcache(const KvCase& c, std::mt19937& rng) {
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  std::vector<int32_t> cached(size_t(c.batch));
+  const int32_t choices[] = {0, 1, 37, 300, 1000};
+  for (auto& l : cached) l = choices[rng() % 5];
+  const int64_t sq = std::max<int64_t>(c.snew, 1), row = c.hkv * c.d;
+  const int64_t smax = *std::max_element(cached.begin(), cached.end()) + c.snew + 5;
+  const bool paged = c.page_size > 0;
+  int64_t pages = 0, max_pages = 1;
+  std::vector<int32_t> table;
+  if (paged) {
+    for (int32_t l : cached) max_pages = std::max(max_pages, (l + c.snew + c.page_size - 1) / c.page_size);
+    pages = c.batch * max_pages + 2;  // two guard pages nobody owns
+    std::vector<int32_t> pool(static_cast<size_t>(pages));
+    std::iota(pool.begin(), pool.end(), 0);
+    std::shuffle(pool.begin(), pool.end(), rng);
+    table.assign(size_t(c.batch * max_pages), 0);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = pool[i];
+  }
+  const int64_t slots = paged ? pages * c.page_size : c.batch * smax;
+  auto slot = [&](int64_t b, int64_t j) {
+    return paged ? table[size_t(b * max_pages + j / c.page_size)] * c.page_size + j % c.page_size : b * smax + j;
+  };
+  const uint16_t nan_bits = c.dtype == DType::bf16 ? ioattn::f32_to_bf16(NAN) : ioattn::f32_to_f16(NAN);
+  std::vector<uint16_t> kc(size_t(slots * row), nan_bits), vc(kc.size(), nan_bits);
+  std::vector<std::vector<float>> lk(size_t(c.batch)), lv(size_t(c.batch));
+  std::vector<float> knew(size_t(c.batch * c.snew * row)), vnew(knew.size()), q(size_t(c.batch * sq * c.hq * c.d));
+  for (auto* x : {&knew, &vnew, &q})
+    for (float& e : *x) e = ioattn::round_to(c.dtype, uni(rng));
+  std::vector<uint16_t> k_expect = kc, v_expect = vc;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const int64_t total = cached[size_t(b)] + c.snew;
+    lk[size_t(b)].resize(size_t(total * row));
+    lv[size_t(b)].resize(size_t(total * row));
+    for (int64_t j = 0; j < total; ++j)
+      for (int64_t e = 0; e < row; ++e) {
+        const bool fresh = j >= cached[size_t(b)];
+        const size_t src = size_t((b * c.snew + (j - cached[size_t(b)])) * row + e);
+        const float kx = fresh ? knew[src] : ioattn::round_to(c.dtype, uni(rng));
+        const float vx = fresh ? vnew[src] : ioattn::round_to(c.dtype, uni(rng));
+        lk[size_t(b)][size_t(j * row + e)] = kx;
+        lv[size_t(b)][size_t(j * row + e)] = vx;
+        const int64_t at = slot(b, j) * row + e;
+        ioattn::store_from_f32(k_expect.data(), at, c.dtype, kx);
+        ioattn::store_from_f32(v_expect.data(), at, c.dtype, vx);
+        if (!fresh) {
+          ioattn::store_from_f32(kc.data(), at, c.dtype, kx);
+          ioattn::store_from_f32(vc.data(), at, c.dtype, vx);
+        }
+      }
+  }
+  DeviceArray<uint16_t> dk(kc), dv(vc), dq(to_storage(q, c.dtype)), dkn(to_storage(knew, c.dtype)),
+      dvn(to_storage(vnew, c.dtype)), dout(std::vector<uint16_t>(q.size(), nan_bits));
+  DeviceArray<float> dlse(std::vector<float>(size_t(c.batch * c.hq * sq), NAN));
+  DeviceArray<int32_t> dseq(cached), dtable(paged ? table : std::vector<int32_t>{0});
+  const int32_t t = int32_t(c.dtype);
+  const int64_t cb = paged ? pages : c.batch, cs = paged ? c.page_size : smax;
+  ioattn_kvcache cache{};
+  cache.k = {dk.ptr, t, cb, cs, c.hkv, c.d, cs * row, row, c.d};
+  cache.v = {dv.ptr, t, cb, cs, c.hkv, c.d, cs * row, row, c.d};
+  cache.seqlens = dseq.ptr;
+  cache.block_table = paged ? dtable.ptr : nullptr;
+  cache.max_pages_per_seq = int32_t(max_pages);
+  const ioattn_tensor tq{dq.ptr, t, c.batch, sq, c.hq, c.d, sq * c.hq * c.d, c.hq * c.d, c.d};
+  const ioattn_tensor to{dout.ptr, t, c.batch, sq, c.hq, c.d, sq * c.hq * c.d, c.hq * c.d, c.d};
+  const ioattn_tensor tkn{dkn.ptr, t, c.batch, c.snew, c.hkv, c.d, c.snew * row, row, c.d};
+  const ioattn_tensor tvn{dvn.ptr, t, c.batch, c.snew, c.hkv, c.d, c.snew * row, row, c.d};
+  ioattn_options opt;
+  ioattn_options_default(&opt);
+  opt.backend = IOATTN_BACKEND_CUDA;
+  opt.causal = c.causal ? 1 : 0;
+  INFO("B=" << c.batch << " Hq=" << c.hq << " Hkv=" << c.hkv << " D=" << c.d << " Snew=" << c.snew << " page="
+            << c.page_size << " " << ioattn::dtype_name(c.dtype) << " causal=" << c.causal);
+  const ioattn_status st = ioattn_forward_kvcache(&tq, &cache, c.snew ? &tkn : nullptr, c.snew ? &tvn : nullptr, &to,
+                                                  dlse.ptr, &opt);
+  INFO(ioattn_last_error());
+  REQUIRE(st == IOATTN_OK);
+  CUDA_OK(cudaDeviceSynchronize());
+  CHECK(dk.download() == k_expect);  // appended rows landed, guard pages and other slots untouched
+  CHECK(dv.download() == v_expect);
+  const std::vector<uint16_t> out = dout.download();
+  const std::vector<float> lse = dlse.download();
+  for (int64_t b = 0; b < c.batch; ++b) {
+    std::vector<float> qb(q.begin() + b * sq * c.hq * c.d, q.begin() + (b + 1) * sq * c.hq * c.d);
+    const SequenceOracle o =
+        reference(qb, lk[size_t(b)], lv[size_t(b)], sq, cached[size_t(b)] + c.snew, c.hq, c.hkv, c.d, c.causal);
+    INFO("sequence " << b << ", " << cached[size_t(b)] << " cached keys");
+    check_sequence(out, b * sq * c.hq * c.d, lse, b * c.hq * sq, sq, o, sq, c.hq, c.dtype);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("CUDA KV cache: append then attend, contiguous and paged, against the reference", "[gpu][kvcache]") {
+  std::mt19937 rng(4242);
+  int index = 0;
+  for (int64_t page : {0, 1, 16, 256})
+    for (DType t : {DType::bf16, DType::f16})
+      for (int64_t snew : {0, 1, 4}) {
+        ++index;
+        const KvCase c{1 + index % 3, index % 2 ? 8 : 4, index % 3 ? 2 : 1, index % 4 ? 128 : 64, snew, page, t,
+                       index % 2 == 0};
+        DYNAMIC_SECTION("case " << index) { run_kvcache(c, rng); }
+      }
+}
+
+TEST_CASE("CUDA varlen: packed sequences with empty ones, against the reference", "[gpu][varlen]") {
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  for (DType t : {DType::bf16, DType::f16})
+    for (bool causal : {false, true}) {
+      const int64_t hq = 8, hkv = 2, d = 64;
+      const std::vector<int32_t> lq{5, 0, 129, 1, 33}, lk{7, 9, 129, 0, 300};
+      std::vector<int32_t> cq{0}, ck{0};
+      for (size_t b = 0; b < lq.size(); ++b) {
+        cq.push_back(cq.back() + lq[b]);
+        ck.push_back(ck.back() + lk[b]);
+      }
+      const int64_t tq = cq.back(), tk = ck.back();
+      std::vector<float> q(size_t(tq * hq * d)), k(size_t(tk * hkv * d)), v(k.size());
+      for (auto* x : {&q, &k, &v})
+        for (float& e : *x) e = ioattn::round_to(t, uni(rng));
+      const uint16_t nan_bits = t == DType::bf16 ? ioattn::f32_to_bf16(NAN) : ioattn::f32_to_f16(NAN);
+      DeviceArray<uint16_t> dq(to_storage(q, t)), dk(to_storage(k, t)), dv(to_storage(v, t)),
+          dout(std::vector<uint16_t>(q.size(), nan_bits));
+      DeviceArray<float> dlse(std::vector<float>(size_t(hq * tq), NAN));
+      DeviceArray<int32_t> dcq(cq), dck(ck);
+      const int32_t dt = int32_t(t);
+      const ioattn_tensor tq_{dq.ptr, dt, 1, tq, hq, d, tq * hq * d, hq * d, d};
+      const ioattn_tensor tk_{dk.ptr, dt, 1, tk, hkv, d, tk * hkv * d, hkv * d, d};
+      const ioattn_tensor tv_{dv.ptr, dt, 1, tk, hkv, d, tk * hkv * d, hkv * d, d};
+      const ioattn_tensor to_{dout.ptr, dt, 1, tq, hq, d, tq * hq * d, hq * d, d};
+      ioattn_options opt;
+      ioattn_options_default(&opt);
+      opt.backend = IOATTN_BACKEND_CUDA;
+      opt.causal = causal ? 1 : 0;
+      const ioattn_status st =
+          ioattn_forward_varlen(&tq_, &tk_, &tv_, dcq.ptr, dck.ptr, int32_t(lq.size()), &to_, dlse.ptr, &opt);
+      INFO(ioattn_last_error());
+      REQUIRE(st == IOATTN_OK);
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> out = dout.download();
+      const std::vector<float> lse = dlse.download();
+      for (size_t b = 0; b < lq.size(); ++b) {
+        if (lq[b] == 0) continue;
+        std::vector<float> qb(q.begin() + cq[b] * hq * d, q.begin() + cq[b + 1] * hq * d);
+        std::vector<float> kb(k.begin() + ck[b] * hkv * d, k.begin() + ck[b + 1] * hkv * d);
+        std::vector<float> vb(v.begin() + ck[b] * hkv * d, v.begin() + ck[b + 1] * hkv * d);
+        const SequenceOracle o = reference(qb, kb, vb, lq[b], lk[b], hq, hkv, d, causal);
+        INFO(ioattn::dtype_name(t) << " causal " << causal << " sequence " << b);
+        check_sequence(out, cq[b] * hq * d, lse, cq[b], tq, o, lq[b], hq, t);
+      }
+    }
+}
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("SKIPPED: no CUDA device\n");
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}
+
+#else  // build without CUDA
+
+int main() {
+  std::printf("SKIPPED: no CUDA device (this build has no CUDA backend)\n");
+  return 77;
+}
+
+#endif
