@@ -179,7 +179,8 @@ TEST_CASE("GPU: a problem that fits in L2 reads its inputs once and writes nothi
   // Split 4 ways: Q is read by every split, and the (O, m, l) fp32 partials are written and
   // read back by the merge: 2 * 512 rows * 4 splits * (64 + 2) * 4 B, half each way.
   plan.kv_splits = 4;
-  const BoundaryTraffic& split = boundary(predict_traffic(pr, plan, h200), "smem-L2");
+  const TrafficReport split_report = predict_traffic(pr, plan, h200);
+  const BoundaryTraffic& split = boundary(split_report, "smem-L2");
   const double partials = 2.0 * 512 * 4 * (64 + 2) * 4;
   CHECK(split.flash_read_bytes == 4 * tensor + q_blocks * 2 * tensor + partials / 2);
   CHECK(split.flash_write_bytes == tensor + partials / 2);
