@@ -13,6 +13,12 @@ namespace {
 
 constexpr float kSentinel = -12345.f;
 
+bool all_sentinel(const std::vector<float>& x) {
+  for (float e : x)
+    if (e != kSentinel) return false;
+  return true;
+}
+
 struct Dense {
   int64_t B = 2, S = 5, H = 4, Hkv = 2, D = 8;
   std::vector<float> q, k, v, out, lse;
@@ -36,21 +42,20 @@ struct Dense {
     return {data, IOATTN_F32, B, s, h, D, s * h * D, h * D, D};
   }
   ioattn_status call() { return ioattn_forward(&tq, &tk, &tv, &to, lse.data(), &opt); }
-  bool untouched() const {
-    for (float x : out)
-      if (x != kSentinel) return false;
-    for (float x : lse)
-      if (x != kSentinel) return false;
-    return true;
-  }
+  void snapshot() {}  // outputs start as sentinels
+  bool untouched() const { return all_sentinel(out) && all_sentinel(lse); }
 };
 
-void expect_rejected(Dense& d, ioattn_status want, const std::string& needle) {
-  const ioattn_status got = d.call();
+// Fixture: call() makes the request, untouched() says outputs (and any cache) kept their bytes;
+// snapshot() records what untouched() compares against.
+template <class Fixture>
+void expect_rejected(Fixture& f, ioattn_status want, const std::string& needle) {
+  f.snapshot();
+  const ioattn_status got = f.call();
   INFO("message: " << ioattn_last_error());
   CHECK(got == want);
   CHECK(std::string(ioattn_last_error()).find(needle) != std::string::npos);
-  CHECK(d.untouched());
+  CHECK(f.untouched());
 }
 
 }  // namespace
@@ -208,13 +213,7 @@ struct Varlen {
   ioattn_status call(int32_t batch = 3) {
     return ioattn_forward_varlen(&tq, &tk, &tv, cu_q.data(), cu_k.data(), batch, &to, lse.data(), &opt);
   }
-  bool untouched() const {
-    for (float x : out)
-      if (x != kSentinel) return false;
-    for (float x : lse)
-      if (x != kSentinel) return false;
-    return true;
-  }
+  bool untouched() const { return all_sentinel(out) && all_sentinel(lse); }
 };
 
 }  // namespace
@@ -302,21 +301,8 @@ struct Cache {
     kc0 = kc;
     vc0 = vc;
   }
-  bool untouched() const {
-    for (float x : out)
-      if (x != kSentinel) return false;
-    return kc == kc0 && vc == vc0;
-  }
+  bool untouched() const { return all_sentinel(out) && kc == kc0 && vc == vc0; }
 };
-
-void expect_cache_rejected(Cache& c, ioattn_status want, const std::string& needle) {
-  c.snapshot();
-  const ioattn_status got = c.call();
-  INFO("message: " << ioattn_last_error());
-  CHECK(got == want);
-  CHECK(std::string(ioattn_last_error()).find(needle) != std::string::npos);
-  CHECK(c.untouched());
-}
 
 }  // namespace
 
@@ -324,17 +310,17 @@ TEST_CASE("KV-cache rejections leave the cache and outputs untouched", "[api][kv
   SECTION("append beyond capacity") {
     Cache c;
     c.seqlens[0] = 6;
-    expect_cache_rejected(c, IOATTN_ERROR_INVALID_ARGUMENT, "cache.seqlens[0]=6");
+    expect_rejected(c, IOATTN_ERROR_INVALID_ARGUMENT, "cache.seqlens[0]=6");
   }
   SECTION("negative cached length") {
     Cache c;
     c.seqlens[1] = -1;
-    expect_cache_rejected(c, IOATTN_ERROR_INVALID_ARGUMENT, "cache.seqlens[1]=-1");
+    expect_rejected(c, IOATTN_ERROR_INVALID_ARGUMENT, "cache.seqlens[1]=-1");
   }
   SECTION("null seqlens") {
     Cache c;
     c.cache.seqlens = nullptr;
-    expect_cache_rejected(c, IOATTN_ERROR_INVALID_ARGUMENT, "cache.seqlens");
+    expect_rejected(c, IOATTN_ERROR_INVALID_ARGUMENT, "cache.seqlens");
   }
   SECTION("only k_new given") {
     Cache c;
@@ -348,32 +334,32 @@ TEST_CASE("KV-cache rejections leave the cache and outputs untouched", "[api][kv
     Cache c;
     c.tkn.heads = 2;
     c.tkn.stride_batch = 2 * c.D;
-    expect_cache_rejected(c, IOATTN_ERROR_INVALID_ARGUMENT, "k_new.heads=2");
+    expect_rejected(c, IOATTN_ERROR_INVALID_ARGUMENT, "k_new.heads=2");
   }
   SECTION("a half cache under a bf16 q is rejected (only f32 activations may differ)") {
     Cache c;
     c.cache.k.dtype = c.cache.v.dtype = IOATTN_F16;
     c.tq.dtype = c.to.dtype = c.tkn.dtype = c.tvn.dtype = IOATTN_BF16;
-    expect_cache_rejected(c, IOATTN_ERROR_INVALID_ARGUMENT, "cache.k.dtype=f16");
+    expect_rejected(c, IOATTN_ERROR_INVALID_ARGUMENT, "cache.k.dtype=f16");
   }
   SECTION("page id outside the pool") {
     Cache c;
     c.make_paged();
     c.table[1] = 6;
-    expect_cache_rejected(c, IOATTN_ERROR_INVALID_ARGUMENT, "cache.block_table[0][1]=6");
+    expect_rejected(c, IOATTN_ERROR_INVALID_ARGUMENT, "cache.block_table[0][1]=6");
   }
   SECTION("more pages needed than the table holds") {
     Cache c;
     c.make_paged();
     c.cache.max_pages_per_seq = 1;
-    expect_cache_rejected(c, IOATTN_ERROR_INVALID_ARGUMENT, "max_pages_per_seq=1");
+    expect_rejected(c, IOATTN_ERROR_INVALID_ARGUMENT, "max_pages_per_seq=1");
   }
   SECTION("two sequences appending into one slot") {
     Cache c;
     c.make_paged();
     c.seqlens = {0, 0};
     c.table = {2, 1, 0, 2, 4, 3};
-    expect_cache_rejected(c, IOATTN_ERROR_INVALID_ARGUMENT, "same page slot");
+    expect_rejected(c, IOATTN_ERROR_INVALID_ARGUMENT, "same page slot");
   }
   SECTION("a valid paged append then attend succeeds") {
     Cache c;
