@@ -46,13 +46,13 @@
 // hidden key's V row is never touched, so a NaN there stays out of rows that cannot see it
 // (0 * NaN would not). Keys past Sk are never read.
 //
-// Error contract. Accumulation is fp32 FMA throughout. Exponentials are hwy::Exp (max error
-// 1 ULP on [-FLT_MAX, 104]; arguments here are s - m <= 0; below -104 it returns 0, which is also
-// what exp gives after rounding to fp32, and it returns 0 for NaN, which is why NaN scores are
-// detected explicitly and carried through the running max). Softcap uses hwy::Tanh (max error
-// 4 ULP). Scalar rescale and merge factors use expf through the header's rules. Scores are
-// scale * dot in that order, stored, and both the max and exp's argument read the stored value
-// (no fused x * scale - max, the NaN of pytorch issue 121558). The result is within the
+// Error contract. Accumulation is fp32 FMA throughout. The softmax runs in the log2 domain of
+// common/online_softmax.h: exponentials are Exp2NonPositive (~1.2 ULP, flushing below 2^-125,
+// see there), scalar rescale and merge factors std::exp2 through the header's rules, and the
+// LSE converts back to the natural log. Softcap uses hwy::Tanh (max error 4 ULP). Scores are
+// dot * (scale * log2 e) in that order, stored, and both the max and exp's argument read the
+// stored value (no fused x * scale - max, the NaN of pytorch issue 121558); NaN scores are
+// detected explicitly and carried through the running max. The result is within the
 // FlashAttention-2 tolerance rule of docs/TESTING.md against the fp64 reference.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/flash_kernel.cc"
@@ -370,25 +370,56 @@ struct Tile {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Online softmax of one block, vectorized over query rows (S^T is [key][row]).
+// 2^d for the softmax exponent d = x - m <= 0 (or NaN, which only poisoned rows see), ~1.2 ULP.
+// d = n + f with n = round(d) and f = d - n exact (Sterbenz) in [-1/2, 1/2]; 2^f is a degree-6
+// polynomial (minimax for relative error on [-1/2, 1/2], 1.9e-9 in exact arithmetic, 1.19 ULP
+// in fp32 Horner: measured over 2M points against 2^f in double), and 2^n is added into the
+// exponent field. Below 2^-125 the result flushes to 0: such a term is under 2^-101 of the row
+// max's own term (exactly 1), so it cannot change l or O in fp32. d = 0 gives exactly 1.
+// Why not hwy::Exp: in the natural domain it needs a two-constant Cody-Waite reduction and
+// a range split for the scale, 30 vector ops per 8 scores against 13 here; the softmax was
+// 12-14% of the kernel's time at D = 128 and about twice that share at D = 64.
+HWY_INLINE VF Exp2NonPositive(DF df, VF d) {
+  const hn::RebindToSigned<DF> di;
+  const VF n = hn::Round(d);
+  const VF f = hn::Sub(d, n);
+  VF p = hn::Set(df, 1.5345809515565634e-4f);
+  p = hn::MulAdd(p, f, hn::Set(df, 1.3399930903688073e-3f));
+  p = hn::MulAdd(p, f, hn::Set(df, 9.618489071726799e-3f));
+  p = hn::MulAdd(p, f, hn::Set(df, 5.550328642129898e-2f));
+  p = hn::MulAdd(p, f, hn::Set(df, 2.4022646248340607e-1f));
+  p = hn::MulAdd(p, f, hn::Set(df, 6.931471824645996e-1f));
+  p = hn::MulAdd(p, f, hn::Set(df, 1.f));
+  const auto bits = hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(hn::ConvertTo(di, n)));
+  return hn::IfThenZeroElse(hn::Lt(d, hn::Set(df, -125.f)), hn::BitCast(df, bits));
+}
+
+// Online softmax of one block, vectorized over query rows (S^T is [key][row]), in the log2
+// domain of common/online_softmax.h (as the CUDA kernel): scores are x = s * scale * log2(e)
+// (one rounded multiply by a constant; with softcap c * log2(e) * tanh(s * scale / c)), the
+// running max m and the exponent 2^(x - m) live in that domain, and the LSE converts back.
 // Pass 1 scales (and caps) the scores, hides masked ones, and takes the block max per row;
 // then the header's scalar rules give each row its new max and rescale factor; pass 2
 // exponentiates in place (S^T becomes P^T) and accumulates l.
 template <bool kMasked, bool kSoftcap>
 void SoftmaxBlock(const Panel& pn, int64_t nk, float scale, float softcap, const Scratch& w) {
   const DF df;
-  const VF vscale = hn::Set(df, scale);
+  const VF vscale = hn::Set(df, kSoftcap ? scale : scale * softmax::kLog2e);
   const VF vcap = hn::Set(df, softcap);
+  const VF vcap_log2 = hn::Set(df, softcap * softmax::kLog2e);
   const VF neg_inf = hn::Set(df, -INFINITY);
   const VF pos_inf = hn::Set(df, INFINITY);
   const VF nan = hn::Set(df, std::numeric_limits<float>::quiet_NaN());
-  for (int64_t r0 = pn.row0; r0 < pn.row0 + pn.mp; r0 += kLanes) {
+  // Locals: through the structs the compiler reloads the base and stride after every store.
+  const int64_t mp = pn.mp, row0 = pn.row0;
+  float* const st = w.st;
+  for (int64_t r0 = row0; r0 < row0 + mp; r0 += kLanes) {
     VF mx = neg_inf, saw_nan = hn::Zero(df);
     const VF lo = hn::Load(df, w.lo + r0), hi = hn::Load(df, w.hi + r0);
-    for (int64_t j = 0; j < nk; ++j) {
-      float* sp = w.st + j * pn.mp + (r0 - pn.row0);
+    float* sp = st + (r0 - row0);
+    for (int64_t j = 0; j < nk; ++j, sp += mp) {
       VF s = hn::Mul(hn::Load(df, sp), vscale);
-      if (kSoftcap) s = hn::Mul(vcap, hn::Tanh(df, hn::Div(s, vcap)));
+      if (kSoftcap) s = hn::Mul(vcap_log2, hn::Tanh(df, hn::Div(s, vcap)));
       if (kMasked) {
         const VF jf = hn::Set(df, static_cast<float>(j));
         s = hn::IfThenElse(hn::And(hn::Ge(jf, lo), hn::Lt(jf, hi)), s, neg_inf);
@@ -397,26 +428,26 @@ void SoftmaxBlock(const Panel& pn, int64_t nk, float scale, float softcap, const
       mx = hn::Max(mx, s);
       saw_nan = hn::Or(saw_nan, hn::VecFromMask(df, hn::IsNaN(s)));
     }
-    // NaN is never masked away (x86 max drops it, hwy::Exp maps it to 0), and an infinite
-    // score makes the reference's exp(inf - inf) NaN: both make the row's max NaN, which the
-    // rescale factor then carries into O and l.
+    // NaN is never masked away (x86 max drops it), and an infinite score makes the reference's
+    // exp(inf - inf) NaN: both make the row's max NaN, which the rescale factor then carries
+    // into O and l.
     const auto poisoned = hn::Or(hn::MaskFromVec(saw_nan), hn::Eq(mx, pos_inf));
     hn::Store(hn::IfThenElse(poisoned, nan, mx), df, w.mblk + r0);
   }
-  for (int64_t r = pn.row0; r < pn.row0 + pn.mp; ++r) {
+  for (int64_t r = row0; r < row0 + mp; ++r) {
     const float m_old = w.m[r], m_blk = w.mblk[r];
     const float m_new = std::isnan(m_old) || std::isnan(m_blk) ? std::numeric_limits<float>::quiet_NaN()
                                                               : std::max(m_old, m_blk);
-    w.alpha[r] = softmax::rescale_factor(m_old, m_new, [](float x) { return std::exp(x); });
+    w.alpha[r] = softmax::rescale_factor(m_old, m_new, [](float x) { return std::exp2(x); });
     w.m[r] = m_new;
     w.mref[r] = softmax::max_for_exp(m_new);
   }
-  for (int64_t r0 = pn.row0; r0 < pn.row0 + pn.mp; r0 += kLanes) {
+  for (int64_t r0 = row0; r0 < row0 + mp; r0 += kLanes) {
     const VF mref = hn::Load(df, w.mref + r0);
     VF sum = hn::Zero(df);
-    for (int64_t j = 0; j < nk; ++j) {
-      float* sp = w.st + j * pn.mp + (r0 - pn.row0);
-      const VF pj = hn::Exp(df, hn::Sub(hn::Load(df, sp), mref));
+    float* sp = st + (r0 - row0);
+    for (int64_t j = 0; j < nk; ++j, sp += mp) {
+      const VF pj = Exp2NonPositive(df, hn::Sub(hn::Load(df, sp), mref));
       hn::Store(pj, df, sp);
       sum = hn::Add(sum, pj);
     }
@@ -929,7 +960,7 @@ void WriteRow(const AttnParams& p, const Geometry& g, const Tile& t, int64_t r, 
     for (; c + kLanes <= g.Dv; c += kLanes) hn::StoreU(hn::Mul(hn::Load(df, o + c), vinv), df, out + c);
   }
   for (; c < g.Dv; ++c) store_from_f32(p.out, oo + c, p.io_dtype, o[c] * inv);
-  if (p.lse) p.lse[lse_offset(p, t.b, t.seq, pos, h)] = softmax::row_lse(m, l, softmax::Domain::natural);
+  if (p.lse) p.lse[lse_offset(p, t.b, t.seq, pos, h)] = softmax::row_lse(m, l, softmax::Domain::log2);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1172,7 +1203,7 @@ Status FlashForward(const AttnParams& p, const Plan& plan) {
       for (int64_t s = 1; s < g.splits; ++s) {
         const float* part = first + s * g.partial_floats;
         const float m_b = part[g.rows_max * g.Dvp + r], l_b = part[g.rows_max * g.Dvp + g.rows_max + r];
-        const softmax::MergeWeights mw = softmax::merge(m, l, m_b, l_b, [](float x) { return std::exp(x); });
+        const softmax::MergeWeights mw = softmax::merge(m, l, m_b, l_b, [](float x) { return std::exp2(x); });
         const VF wa = hn::Set(df, mw.weight_a), wb = hn::Set(df, mw.weight_b);
         const float* ob = part + r * g.Dvp;
         for (int64_t c = 0; c < g.Dvp; c += kLanes)
