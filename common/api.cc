@@ -578,8 +578,8 @@ Status kvcache_impl(const ioattn_tensor* q, const ioattn_kvcache* cache, const i
   if (opt->backend == IOATTN_BACKEND_CUDA) {
     // The append writes the cache, so whatever the kernel would refuse must be refused first.
     if (!(s = gpu::check_supported(p)).is_ok()) return s;
+    gpu::KvAppend a;
     if (seqlen_new > 0) {
-      gpu::KvAppend a;
       a.k_new = k_new->data;
       a.v_new = v_new->data;
       a.dtype = DType(k_new->dtype);
@@ -587,9 +587,8 @@ Status kvcache_impl(const ioattn_tensor* q, const ioattn_kvcache* cache, const i
       set_strides(*k_new, &a.k_batch_stride, &a.k_seq_stride, &a.k_head_stride);
       set_strides(*v_new, &a.v_batch_stride, &a.v_seq_stride, &a.v_head_stride);
       a.cache_seqlens = cache->seqlens;
-      if (!(s = gpu::append_kv(p, a)).is_ok()) return s;
     }
-    return gpu::forward(p);
+    return gpu::forward_kvcache(p, seqlen_new > 0 ? &a : nullptr);
   }
   // The CPU kernel reads sequence lengths from this host array.
   CpuAppend append;

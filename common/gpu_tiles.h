@@ -47,4 +47,28 @@ constexpr GpuTile gpu_tile(int head_dim) {
   }
 }
 
+// Decode (gpu/decode.cuh): a CTA owns the G x Sq query rows that share one kv head (GQA
+// packing), so each K/V byte is read once per step. The rows are one m16n8k16 A tile: up to 16
+// rows cost the same 2 * D / 16 mma per key as one row, and at 4.8 TB/s the H200 streams
+// 9.4 G keys/s of D = 128 (512 B of K and V each), 77 TFLOP/s of padded mma, ~10% of the
+// mma.sync peak. Beyond 16 rows a second A tile would double the registers of O, while the
+// prefill kernel's 128-row tiles then waste less. Each of the 4 warps takes 16 of a stage's 64
+// keys (one k16 slice of P V). Bytes in flight: 4.8 TB/s x ~600 ns of HBM latency = 2.9 MB,
+// 22 KB per SM; two stages ahead of the math hold 2 x 64 x 512 B = 64 KB per CTA at D = 128.
+inline constexpr int kGpuDecodeMaxRows = 16;
+
+constexpr bool gpu_decode_rows(int64_t group, int64_t seqlen_q) { return group * seqlen_q <= kGpuDecodeMaxRows; }
+
+// Shared memory as gpu_tile_smem_bytes: D = 64 56 KiB, 96 81 KiB, 128 106 KiB (two CTAs per SM
+// on an H200: 2 x (106 + 1) KiB < 228 KiB), 256 206 KiB (one).
+constexpr GpuTile gpu_decode_tile(int head_dim) {
+  switch (head_dim) {
+    case 64:
+    case 96:
+    case 128:
+    case 256: return {kGpuDecodeMaxRows, 64, 4, 3, true};
+    default: return {0, 0, 0, 0, false};
+  }
+}
+
 }  // namespace ioattn

@@ -18,6 +18,7 @@ constexpr bool gpu_table_fits() {
   for (int d : kGpuHeadDims) {
     const GpuTile t = gpu_tile(d);
     if (!t.supported || gpu_tile_smem_bytes(t, d) > kMaxSmemPerBlock) return false;
+    if (gpu_tile_smem_bytes(gpu_decode_tile(d), d) > kMaxSmemPerBlock) return false;
   }
   return true;
 }
@@ -207,6 +208,11 @@ Plan plan_gpu(const Problem& pr, const HardwareProfile& hw) {
     t = gpu_tile(256);
   }
   plan.supported = exact;
+  // Few query rows per kv head (decode, speculative verification) run the split-KV decode
+  // kernel, whose tile packs the G query heads of one kv head (common/gpu_tiles.h).
+  const int64_t group = pr.heads_kv > 0 ? std::max<int64_t>(1, pr.heads_q / pr.heads_kv) : 1;
+  const bool decode = exact && gpu_decode_rows(group, pr.seqlen_q);
+  if (decode) t = gpu_decode_tile(dpad);
   if (!exact) {
     why = "head dim " + std::to_string(pr.head_dim) + (pr.head_dim_v != pr.head_dim ? "/" + std::to_string(pr.head_dim_v) : "") +
           " has no CUDA instantiation (table: 64, 96, 128, 256), so the backend reports unsupported; figures are for D padded to " +
@@ -237,16 +243,19 @@ Plan plan_gpu(const Problem& pr, const HardwareProfile& hw) {
   const int64_t by_regs = hw.regs_per_sm > 0 ? hw.regs_per_sm / (threads_per_cta * kGpuRegsPerThread) : by_threads;
   plan.ctas_per_sm = int(std::max<int64_t>(1, std::min({by_smem, by_threads, by_regs})));
 
-  // One CTA per (batch, q head, query block), as in FlashAttention-2: no GQA packing on the GPU.
-  plan.units = pr.batch * pr.heads_q;
-  plan.rows_per_unit = pr.seqlen_q;
-  const int64_t q_blocks = pr.seqlen_q > 0 ? ceil_div(pr.seqlen_q, plan.block_q) : 0;
+  // Prefill: one CTA per (batch, q head, query block), as in FlashAttention-2. Decode: one CTA
+  // per (batch, kv head) holding all its G x Sq query rows, so the split fills the SMs from
+  // batch x kv heads.
+  plan.units = decode ? pr.batch * pr.heads_kv : pr.batch * pr.heads_q;
+  plan.rows_per_unit = decode ? group * pr.seqlen_q : pr.seqlen_q;
+  const int64_t q_blocks = pr.seqlen_q > 0 ? (decode ? 1 : ceil_div(pr.seqlen_q, plan.block_q)) : 0;
   const int64_t tasks = plan.units * q_blocks;
   plan.kv_splits = split_keys(tasks, hw.cores, pr.seqlen_k, plan.block_kv);
   plan.work_items = tasks * plan.kv_splits;
   plan.workers = int(std::max<int64_t>(1, std::min<int64_t>(int64_t(hw.cores) * plan.ctas_per_sm, plan.work_items)));
 
-  plan.rationale = "tile " + std::to_string(plan.block_q) + "x" + std::to_string(plan.block_kv) + " from the constexpr table (" +
+  plan.rationale = std::string(decode ? "split-KV decode, the " + std::to_string(group) + " query heads of a kv head packed; " : "") +
+                   "tile " + std::to_string(plan.block_q) + "x" + std::to_string(plan.block_kv) + " from the constexpr table (" +
                    std::to_string(t.warps) + " warps, " + std::to_string(t.stages) + " K/V stages) needs " +
                    kib(plan.working_set_bytes) + " of the " + kib(plan.target_level_bytes) +
                    " shared memory per block, " + std::to_string(plan.ctas_per_sm) + " CTAs per SM" +

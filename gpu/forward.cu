@@ -1,7 +1,8 @@
 // Dispatch of the CUDA forward: validates what only the CUDA backend cares about (head dims,
 // layouts a 16-byte copy can read, grid limits, shared memory the device grants), then picks the
-// tensor-core kernel for (head dim, storage type) or the portable path. An sm_90a kernel
-// (wgmma, TMA) would be one more branch here, chosen by the device's compute capability.
+// split-KV decode kernel (few query rows per kv head), the tensor-core prefill kernel for
+// (head dim, storage type) or the portable path. An sm_90a kernel (wgmma, TMA) would be one
+// more branch here, chosen by the device's compute capability.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -10,6 +11,8 @@
 #include <string>
 
 #include "common/gpu_tiles.h"
+#include "gpu/decode.h"
+#include "gpu/decode_launch.cuh"
 #include "gpu/gpu_backend.h"
 #include "gpu/simple_fwd.h"
 #include "gpu/sm80/launch.h"
@@ -48,6 +51,62 @@ cudaError_t launch_tensor_core(const AttnParams& p) {
   return cudaErrorInvalidValue;
 }
 
+enum class Path { none, decode, tensor_core, portable };
+
+// Decode takes the requests whose query rows per (sequence, kv head), G x Sq, fit its 16-row
+// tile (common/gpu_tiles.h has the arithmetic): the prefill kernel would give each of the G
+// query heads its own CTA, reading the same K/V G times, with at most 16 of 128 rows used.
+Path choose_path(const AttnParams& p, int smem_optin) {
+  if (p.batch == 0 || p.seqlen_q == 0) return Path::none;
+  const bool tensor_core = p.io_dtype != DType::f32 && p.head_dim == p.head_dim_v && chunk_aligned(p);
+  if (tensor_core && gpu_decode_rows(p.heads_q / p.heads_kv, p.seqlen_q) &&
+      decode::decode_smem_bytes(int(p.head_dim)) <= smem_optin)
+    return Path::decode;
+  if (tensor_core && sm80::flash_fwd_smem_bytes(int(p.head_dim)) <= smem_optin) return Path::tensor_core;
+  return Path::portable;
+}
+
+// Everything that can fail without touching memory (device queries, the decode scratch) happens
+// before the append writes the cache, so a failed call leaves the cache as it was.
+Status run(const AttnParams& p, const KvAppend* append) {
+  Status s = check_supported(p);
+  if (!s.is_ok()) return s;
+  int device = 0, smem_optin = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess) return cuda_error("querying the device", err);
+
+  const Path path = choose_path(p, smem_optin);
+  int splits = 1;
+  void* partials = nullptr;
+  if (path == Path::decode) {
+    splits = decode_splits(p);
+    if (splits > 1 && !(s = device_scratch_alloc(decode_partials_bytes(p, splits), p.stream,
+                                                 "the split-KV decode partials", &partials))
+                           .is_ok())
+      return s;
+  }
+  if (append && !(s = append_kv(p, *append)).is_ok()) {
+    device_scratch_free(partials, p.stream);
+    return s;
+  }
+  switch (path) {
+    case Path::none: break;
+    case Path::decode: s = decode_forward(p, splits, partials); break;
+    case Path::tensor_core:
+      err = p.io_dtype == DType::bf16 ? launch_tensor_core<__nv_bfloat16>(p) : launch_tensor_core<__half>(p);
+      if (err != cudaSuccess)
+        s = cuda_error("launching the flash forward (head_dim=" + std::to_string(p.head_dim) + ")", err);
+      break;
+    case Path::portable:
+      err = launch_simple_fwd(p);
+      if (err != cudaSuccess) s = cuda_error("launching the portable forward", err);
+      break;
+  }
+  device_scratch_free(partials, p.stream);
+  return s;
+}
+
 }  // namespace
 
 Status check_supported(const AttnParams& p) {
@@ -56,12 +115,12 @@ Status check_supported(const AttnParams& p) {
                                " head_dim_v=" + std::to_string(p.head_dim_v) +
                                ": the CUDA kernels support head dims 64, 96, 128 and 256");
   if (p.io_dtype != p.kv_dtype)
-    return Status::unsupported(std::string("backend=CUDA: q/out dtype ") + dtype_name(p.io_dtype) +
-                               " with k/v dtype " + dtype_name(p.kv_dtype) +
+    return Status::unsupported(std::string("backend=CUDA: q/out dtype ") + dtype_name(p.io_dtype) + " with k/v dtype " +
+                               dtype_name(p.kv_dtype) +
                                ": the CUDA backend needs one storage dtype for q, k, v and out");
   if (p.heads_q > 65535 || p.batch > 65535)
-    return Status::unsupported("backend=CUDA: heads=" + std::to_string(p.heads_q) + " batch=" +
-                               std::to_string(p.batch) + ": the CUDA grid allows at most 65535 of each");
+    return Status::unsupported("backend=CUDA: heads=" + std::to_string(p.heads_q) +
+                               " batch=" + std::to_string(p.batch) + ": the CUDA grid allows at most 65535 of each");
   // Key indices inside the kernels are 32-bit.
   if (p.seqlen_q > (int64_t(1) << 30) || p.seqlen_k > (int64_t(1) << 30))
     return Status::unsupported("backend=CUDA: seqlen_q=" + std::to_string(p.seqlen_q) + " seqlen_k=" +
@@ -69,26 +128,8 @@ Status check_supported(const AttnParams& p) {
   return Status::ok();
 }
 
-Status forward(const AttnParams& p) {
-  Status s = check_supported(p);
-  if (!s.is_ok()) return s;
-  if (p.batch == 0 || p.seqlen_q == 0) return Status::ok();
+Status forward(const AttnParams& p) { return run(p, nullptr); }
 
-  int device = 0, smem_optin = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (err != cudaSuccess) return cuda_error("querying the device", err);
-
-  const bool tensor_core = p.io_dtype != DType::f32 && p.head_dim == p.head_dim_v && chunk_aligned(p) &&
-                           sm80::flash_fwd_smem_bytes(int(p.head_dim)) <= smem_optin;
-  if (tensor_core) {
-    err = p.io_dtype == DType::bf16 ? launch_tensor_core<__nv_bfloat16>(p) : launch_tensor_core<__half>(p);
-    if (err != cudaSuccess) return cuda_error("launching the flash forward (head_dim=" + std::to_string(p.head_dim) + ")", err);
-    return Status::ok();
-  }
-  err = launch_simple_fwd(p);
-  if (err != cudaSuccess) return cuda_error("launching the portable forward", err);
-  return Status::ok();
-}
+Status forward_kvcache(const AttnParams& p, const KvAppend* append) { return run(p, append); }
 
 }  // namespace ioattn::gpu

@@ -44,6 +44,11 @@ struct KvAppend {
 };
 Status append_kv(const AttnParams& p, const KvAppend& a);
 
+// The KV-cache call: append (when `append` is not null), then forward(p). What can fail without
+// writing (device queries, scratch for split partials) is done before the append, so an error
+// leaves the cache untouched.
+Status forward_kvcache(const AttnParams& p, const KvAppend* append);
+
 }  // namespace ioattn::gpu
 
 namespace ioattn::gpu {

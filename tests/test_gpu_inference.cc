@@ -1,7 +1,9 @@
 // The inference entry points on the CUDA backend: KV-cache append-then-attend (contiguous and
 // paged in random page order, with NaN guard pages) and packed variable-length batches, in bf16
-// and f16, against the fp64 reference run on each sequence rebuilt densely on the host. Every
-// pointer the call receives is a device pointer (docs/api.md, "Memory spaces").
+// and f16, against the fp64 reference run on each sequence rebuilt densely on the host. Few
+// query rows per kv head (G x Sq <= 16) take the split-KV decode kernel (gpu/decode.cuh); the
+// grids below cover it with and without splits, its merge, and its scratch allocation failing.
+// Every pointer the call receives is a device pointer (docs/api.md, "Memory spaces").
 // Catch2 v2 builds its session runner only where CATCH_CONFIG_RUNNER is defined (v3 ignores it).
 #define CATCH_CONFIG_RUNNER
 #include <algorithm>
@@ -10,15 +12,19 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/gpu_tiles.h"
 #include "common/reference.h"
 #include "ioattn/ioattn.h"
 #include "tests/catch.h"
 
 #if IOATTN_HAVE_CUDA
 #include <cuda_runtime.h>
+
+#include "gpu/decode.h"
 
 namespace {
 
@@ -57,8 +63,14 @@ struct SequenceOracle {
 };
 
 // One sequence, dense (S, H, D) f32 arrays, through the reference in f64 and f32.
+struct Masking {
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;
+  float softcap = 0.f;
+};
+
 SequenceOracle reference(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
-                         int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d, bool causal) {
+                         int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d, const Masking& mask) {
   ioattn::AttnParams p;
   p.q = q.data();
   p.k = k.data();
@@ -75,7 +87,10 @@ SequenceOracle reference(const std::vector<float>& q, const std::vector<float>& 
   p.k_head_stride = p.v_head_stride = d;
   p.lse_head_stride = sq;
   p.scale = float(1.0 / std::sqrt(double(d)));
-  p.causal = causal;
+  p.causal = mask.causal;
+  p.window_left = mask.window_left;
+  p.window_right = mask.window_right;
+  p.softcap = mask.softcap;
   SequenceOracle o;
   o.out64.assign(size_t(sq * hq * d), 0);
   o.lse64.assign(size_t(hq * sq), 0);
@@ -101,12 +116,15 @@ void check_sequence(const std::vector<uint16_t>& out, int64_t offset, const std:
   const double ulp = t == DType::bf16 ? 1.0 / 128 : 1.0 / 1024;
   INFO("kernel error " << err << ", naive error " << naive_err << ", magnitude " << magnitude);
   CHECK(err <= 2 * naive_err + 2 * ulp * std::max(magnitude, 1e-3));
+  const int64_t d = int64_t(o.out64.size()) / std::max<int64_t>(1, sq * hq);
   for (int64_t h = 0; h < hq; ++h)
     for (int64_t i = 0; i < sq; ++i) {
       const double want = o.lse64[size_t(h * sq + i)];
       const float got = lse[size_t(lse_at + h * lse_head_stride + i)];
       if (std::isinf(want)) {
         CHECK(got == float(want));
+        // A row with no visible key is exactly 0 (contract), not merely within tolerance.
+        for (int64_t c = 0; c < d; ++c) CHECK(ioattn::load_as_f32(out.data(), offset + (i * hq + h) * d + c, t) == 0.f);
       } else {
         CHECK(std::fabs(double(got) - want) <= 1e-3 * std::max(1.0, std::fabs(want)));
       }
@@ -117,15 +135,23 @@ struct KvCase {
   int64_t batch, hq, hkv, d, snew;
   int64_t page_size;  // 0: contiguous
   DType dtype;
-  bool causal;
+  Masking mask;
+  int64_t sq = 0;             // 0: max(snew, 1)
+  int32_t max_cached = 1000;  // longest cached length drawn
+  int32_t min_cached = 0;     // shortest, for sequences past the first two
+  int repeats = 1;            // > 1: the call again must give the same bits
+  bool fail_scratch = false;  // first call with the device scratch allocation failing
 };
 
 void run_kvcache(const KvCase& c, std::mt19937& rng) {
   std::uniform_real_distribution<float> uni(-1.f, 1.f);
   std::vector<int32_t> cached(size_t(c.batch));
-  const int32_t choices[] = {0, 1, 37, 300, 1000};
-  for (auto& l : cached) l = choices[rng() % 5];
-  const int64_t sq = std::max<int64_t>(c.snew, 1), row = c.hkv * c.d;
+  // 0 and 1 cached keys always among the sequences (when there are enough), the rest random.
+  for (size_t b = 0; b < cached.size(); ++b)
+    cached[b] =
+        b < 2 && c.batch > 2 ? int32_t(b) : c.min_cached + int32_t(rng() % uint32_t(c.max_cached - c.min_cached + 1));
+  std::shuffle(cached.begin(), cached.end(), rng);
+  const int64_t sq = c.sq > 0 ? c.sq : std::max<int64_t>(c.snew, 1), row = c.hkv * c.d;
   const int64_t smax = *std::max_element(cached.begin(), cached.end()) + c.snew + 5;
   const bool paged = c.page_size > 0;
   int64_t pages = 0, max_pages = 1;
@@ -190,11 +216,33 @@ void run_kvcache(const KvCase& c, std::mt19937& rng) {
   ioattn_options opt;
   ioattn_options_default(&opt);
   opt.backend = IOATTN_BACKEND_CUDA;
-  opt.causal = c.causal ? 1 : 0;
-  INFO("B=" << c.batch << " Hq=" << c.hq << " Hkv=" << c.hkv << " D=" << c.d << " Snew=" << c.snew << " page="
-            << c.page_size << " " << ioattn::dtype_name(c.dtype) << " causal=" << c.causal);
-  const ioattn_status st = ioattn_forward_kvcache(&tq, &cache, c.snew ? &tkn : nullptr, c.snew ? &tvn : nullptr, &to,
-                                                  dlse.ptr, &opt);
+  opt.causal = c.mask.causal ? 1 : 0;
+  opt.window_left = int32_t(c.mask.window_left);
+  opt.window_right = int32_t(c.mask.window_right);
+  opt.softcap = c.mask.softcap;
+  INFO("B=" << c.batch << " Hq=" << c.hq << " Hkv=" << c.hkv << " D=" << c.d << " Sq=" << sq << " Snew=" << c.snew
+            << " page=" << c.page_size << " " << ioattn::dtype_name(c.dtype) << " causal=" << c.mask.causal
+            << " window=" << c.mask.window_left << "," << c.mask.window_right << " softcap=" << c.mask.softcap);
+  auto call = [&] {
+    return ioattn_forward_kvcache(&tq, &cache, c.snew ? &tkn : nullptr, c.snew ? &tvn : nullptr, &to, dlse.ptr, &opt);
+  };
+  if (c.fail_scratch) {
+    // The decode partials are allocated before the append: the failure leaves cache, out and lse
+    // as they were, and the next call works.
+    ioattn::gpu::testing::fail_device_alloc_after(0);
+    const ioattn_status failed = call();
+    ioattn::gpu::testing::fail_device_alloc_after(-1);
+    CHECK(failed == IOATTN_ERROR_BACKEND);
+    CHECK(std::string(ioattn_last_error()).find("split-KV decode partials") != std::string::npos);
+    CUDA_OK(cudaDeviceSynchronize());
+    CHECK(dk.download() == kc);
+    CHECK(dv.download() == vc);
+    const std::vector<uint16_t> untouched = dout.download();
+    CHECK(std::all_of(untouched.begin(), untouched.end(), [&](uint16_t x) { return x == nan_bits; }));
+    const std::vector<float> lse_untouched = dlse.download();
+    CHECK(std::all_of(lse_untouched.begin(), lse_untouched.end(), [](float x) { return std::isnan(x); }));
+  }
+  const ioattn_status st = call();
   INFO(ioattn_last_error());
   REQUIRE(st == IOATTN_OK);
   CUDA_OK(cudaDeviceSynchronize());
@@ -205,9 +253,18 @@ void run_kvcache(const KvCase& c, std::mt19937& rng) {
   for (int64_t b = 0; b < c.batch; ++b) {
     std::vector<float> qb(q.begin() + b * sq * c.hq * c.d, q.begin() + (b + 1) * sq * c.hq * c.d);
     const SequenceOracle o =
-        reference(qb, lk[size_t(b)], lv[size_t(b)], sq, cached[size_t(b)] + c.snew, c.hq, c.hkv, c.d, c.causal);
+        reference(qb, lk[size_t(b)], lv[size_t(b)], sq, cached[size_t(b)] + c.snew, c.hq, c.hkv, c.d, c.mask);
     INFO("sequence " << b << ", " << cached[size_t(b)] << " cached keys");
     check_sequence(out, b * sq * c.hq * c.d, lse, b * c.hq * sq, sq, o, sq, c.hq, c.dtype);
+  }
+  // Re-running appends the same rows to the same slots: the cache is unchanged and the split
+  // count, the split boundaries and the merge order are fixed, so out and lse repeat bit for bit.
+  for (int r = 1; r < c.repeats; ++r) {
+    REQUIRE(call() == IOATTN_OK);
+    CUDA_OK(cudaDeviceSynchronize());
+    CHECK(dout.download() == out);
+    const std::vector<float> again = dlse.download();
+    CHECK(std::memcmp(again.data(), lse.data(), lse.size() * sizeof(float)) == 0);
   }
 }
 
@@ -220,59 +277,130 @@ TEST_CASE("CUDA KV cache: append then attend, contiguous and paged, against the 
     for (DType t : {DType::bf16, DType::f16})
       for (int64_t snew : {0, 1, 4}) {
         ++index;
-        const KvCase c{1 + index % 3, index % 2 ? 8 : 4, index % 3 ? 2 : 1, index % 4 ? 128 : 64, snew, page, t,
-                       index % 2 == 0};
+        Masking mask;
+        mask.causal = index % 2 == 0;
+        const KvCase c{1 + index % 3, index % 2 ? 8 : 4, index % 3 ? 2 : 1, index % 4 ? 128 : 64, snew, page, t, mask};
         DYNAMIC_SECTION("case " << index) { run_kvcache(c, rng); }
       }
+}
+
+// The decode grid: Sq 1..16 query rows per head with GQA 1/4/8 (G x Sq <= 16 decodes, larger
+// products exercise the hand-over to the prefill kernel), D 64/96/128/256, page sizes 1/16/256 in
+// random order and contiguous, causal / window / softcap, cache lengths up to 3000 so that small
+// batches split the keys (B x Hkv CTAs < 132 SMs), 3 bitwise-equal repeats each.
+TEST_CASE("CUDA decode: split-KV with GQA packing, paged and contiguous, against the reference", "[gpu][decode]") {
+  std::mt19937 rng(5150);
+  struct Shape {
+    int64_t hq, hkv, sq, d;
+  };
+  const Shape shapes[] = {{8, 8, 1, 128}, {8, 2, 1, 64},   {16, 2, 2, 128}, {8, 1, 2, 256}, {4, 4, 16, 64},
+                          {4, 1, 4, 96},  {8, 8, 3, 256},  {32, 8, 1, 128}, {8, 1, 1, 128}, {2, 2, 9, 128},
+                          {8, 2, 5, 64},  {16, 16, 1, 64}, {4, 4, 7, 128},  {8, 1, 3, 64}};
+  const int64_t pages[] = {0, 1, 16, 256};
+  int index = 0;
+  for (const Shape& sh : shapes)
+    for (int variant = 0; variant < 4; ++variant) {
+      ++index;
+      Masking mask;
+      switch ((index + variant) % 5) {
+        case 0: break;
+        case 1: mask.causal = true; break;
+        case 2: mask.window_left = 40 + int64_t(rng() % 200), mask.window_right = int64_t(rng() % 3); break;
+        case 3: mask.softcap = 5.f, mask.causal = true; break;
+        case 4: mask.window_left = 300, mask.causal = true, mask.softcap = 30.f; break;
+      }
+      const int64_t snew = variant == 3 ? 0 : std::min<int64_t>(sh.sq, 1 + variant);
+      KvCase c{1 + int64_t(rng() % 4),
+               sh.hq,
+               sh.hkv,
+               sh.d,
+               snew,
+               pages[(index + variant) % 4],
+               index % 3 ? DType::bf16 : DType::f16,
+               mask};
+      c.sq = sh.sq;
+      c.max_cached = variant == 0 ? 3000 : 700;
+      c.repeats = 3;
+      DYNAMIC_SECTION("case " << index) { run_kvcache(c, rng); }
+    }
+}
+
+// A bounded subset for compute-sanitizer (memcheck, racecheck, synccheck): one split and one
+// multi-split decode, paged and contiguous, and the scratch failure with its recovery.
+TEST_CASE("CUDA decode: small split and unsplit cases", "[gpu][decode][sanitize]") {
+  std::mt19937 rng(99);
+  Masking causal;
+  causal.causal = true;
+  KvCase split{2, 8, 2, 64, 1, 16, DType::bf16, causal};
+  split.max_cached = 1500;
+  split.min_cached = 800;  // >= 13 key blocks: 4 CTAs split 3 ways at least
+  split.repeats = 2;
+  SECTION("paged, split") { run_kvcache(split, rng); }
+  KvCase whole{8, 32, 32, 128, 1, 0, DType::f16, Masking{}};
+  whole.max_cached = 200;
+  SECTION("contiguous, one split per CTA") { run_kvcache(whole, rng); }
+  KvCase fail{1, 4, 1, 128, 2, 1, DType::bf16, causal};
+  fail.max_cached = 2000;
+  fail.min_cached = 1000;
+  fail.fail_scratch = true;
+  SECTION("scratch allocation fails, then the call works") { run_kvcache(fail, rng); }
 }
 
 TEST_CASE("CUDA varlen: packed sequences with empty ones, against the reference", "[gpu][varlen]") {
   std::mt19937 rng(77);
   std::uniform_real_distribution<float> uni(-1.f, 1.f);
-  for (DType t : {DType::bf16, DType::f16})
-    for (bool causal : {false, true}) {
-      const int64_t hq = 8, hkv = 2, d = 64;
-      const std::vector<int32_t> lq{5, 0, 129, 1, 33}, lk{7, 9, 129, 0, 300};
-      std::vector<int32_t> cq{0}, ck{0};
-      for (size_t b = 0; b < lq.size(); ++b) {
-        cq.push_back(cq.back() + lq[b]);
-        ck.push_back(ck.back() + lk[b]);
+  // The second length set has at most 3 query rows per sequence (G x Sq = 12): the decode
+  // kernel, with key splits from the 4000-key sequence.
+  const std::vector<std::vector<int32_t>> q_lens{{5, 0, 129, 1, 33}, {1, 0, 3, 2}};
+  const std::vector<std::vector<int32_t>> k_lens{{7, 9, 129, 0, 300}, {0, 700, 1, 4000}};
+  for (size_t set = 0; set < q_lens.size(); ++set)
+    for (DType t : {DType::bf16, DType::f16})
+      for (bool causal : {false, true}) {
+        const int64_t hq = 8, hkv = 2, d = 64;
+        const std::vector<int32_t>& lq = q_lens[set];
+        const std::vector<int32_t>& lk = k_lens[set];
+        std::vector<int32_t> cq{0}, ck{0};
+        for (size_t b = 0; b < lq.size(); ++b) {
+          cq.push_back(cq.back() + lq[b]);
+          ck.push_back(ck.back() + lk[b]);
+        }
+        const int64_t tq = cq.back(), tk = ck.back();
+        std::vector<float> q(size_t(tq * hq * d)), k(size_t(tk * hkv * d)), v(k.size());
+        for (auto* x : {&q, &k, &v})
+          for (float& e : *x) e = ioattn::round_to(t, uni(rng));
+        const uint16_t nan_bits = t == DType::bf16 ? ioattn::f32_to_bf16(NAN) : ioattn::f32_to_f16(NAN);
+        DeviceArray<uint16_t> dq(to_storage(q, t)), dk(to_storage(k, t)), dv(to_storage(v, t)),
+            dout(std::vector<uint16_t>(q.size(), nan_bits));
+        DeviceArray<float> dlse(std::vector<float>(size_t(hq * tq), NAN));
+        DeviceArray<int32_t> dcq(cq), dck(ck);
+        const int32_t dt = int32_t(t);
+        const ioattn_tensor tq_{dq.ptr, dt, 1, tq, hq, d, tq * hq * d, hq * d, d};
+        const ioattn_tensor tk_{dk.ptr, dt, 1, tk, hkv, d, tk * hkv * d, hkv * d, d};
+        const ioattn_tensor tv_{dv.ptr, dt, 1, tk, hkv, d, tk * hkv * d, hkv * d, d};
+        const ioattn_tensor to_{dout.ptr, dt, 1, tq, hq, d, tq * hq * d, hq * d, d};
+        ioattn_options opt;
+        ioattn_options_default(&opt);
+        opt.backend = IOATTN_BACKEND_CUDA;
+        opt.causal = causal ? 1 : 0;
+        const ioattn_status st =
+            ioattn_forward_varlen(&tq_, &tk_, &tv_, dcq.ptr, dck.ptr, int32_t(lq.size()), &to_, dlse.ptr, &opt);
+        INFO(ioattn_last_error());
+        REQUIRE(st == IOATTN_OK);
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<uint16_t> out = dout.download();
+        const std::vector<float> lse = dlse.download();
+        for (size_t b = 0; b < lq.size(); ++b) {
+          if (lq[b] == 0) continue;
+          std::vector<float> qb(q.begin() + cq[b] * hq * d, q.begin() + cq[b + 1] * hq * d);
+          std::vector<float> kb(k.begin() + ck[b] * hkv * d, k.begin() + ck[b + 1] * hkv * d);
+          std::vector<float> vb(v.begin() + ck[b] * hkv * d, v.begin() + ck[b + 1] * hkv * d);
+          Masking mask;
+          mask.causal = causal;
+          const SequenceOracle o = reference(qb, kb, vb, lq[b], lk[b], hq, hkv, d, mask);
+          INFO("set " << set << " " << ioattn::dtype_name(t) << " causal " << causal << " sequence " << b);
+          check_sequence(out, cq[b] * hq * d, lse, cq[b], tq, o, lq[b], hq, t);
+        }
       }
-      const int64_t tq = cq.back(), tk = ck.back();
-      std::vector<float> q(size_t(tq * hq * d)), k(size_t(tk * hkv * d)), v(k.size());
-      for (auto* x : {&q, &k, &v})
-        for (float& e : *x) e = ioattn::round_to(t, uni(rng));
-      const uint16_t nan_bits = t == DType::bf16 ? ioattn::f32_to_bf16(NAN) : ioattn::f32_to_f16(NAN);
-      DeviceArray<uint16_t> dq(to_storage(q, t)), dk(to_storage(k, t)), dv(to_storage(v, t)),
-          dout(std::vector<uint16_t>(q.size(), nan_bits));
-      DeviceArray<float> dlse(std::vector<float>(size_t(hq * tq), NAN));
-      DeviceArray<int32_t> dcq(cq), dck(ck);
-      const int32_t dt = int32_t(t);
-      const ioattn_tensor tq_{dq.ptr, dt, 1, tq, hq, d, tq * hq * d, hq * d, d};
-      const ioattn_tensor tk_{dk.ptr, dt, 1, tk, hkv, d, tk * hkv * d, hkv * d, d};
-      const ioattn_tensor tv_{dv.ptr, dt, 1, tk, hkv, d, tk * hkv * d, hkv * d, d};
-      const ioattn_tensor to_{dout.ptr, dt, 1, tq, hq, d, tq * hq * d, hq * d, d};
-      ioattn_options opt;
-      ioattn_options_default(&opt);
-      opt.backend = IOATTN_BACKEND_CUDA;
-      opt.causal = causal ? 1 : 0;
-      const ioattn_status st =
-          ioattn_forward_varlen(&tq_, &tk_, &tv_, dcq.ptr, dck.ptr, int32_t(lq.size()), &to_, dlse.ptr, &opt);
-      INFO(ioattn_last_error());
-      REQUIRE(st == IOATTN_OK);
-      CUDA_OK(cudaDeviceSynchronize());
-      const std::vector<uint16_t> out = dout.download();
-      const std::vector<float> lse = dlse.download();
-      for (size_t b = 0; b < lq.size(); ++b) {
-        if (lq[b] == 0) continue;
-        std::vector<float> qb(q.begin() + cq[b] * hq * d, q.begin() + cq[b + 1] * hq * d);
-        std::vector<float> kb(k.begin() + ck[b] * hkv * d, k.begin() + ck[b + 1] * hkv * d);
-        std::vector<float> vb(v.begin() + ck[b] * hkv * d, v.begin() + ck[b + 1] * hkv * d);
-        const SequenceOracle o = reference(qb, kb, vb, lq[b], lk[b], hq, hkv, d, causal);
-        INFO(ioattn::dtype_name(t) << " causal " << causal << " sequence " << b);
-        check_sequence(out, cq[b] * hq * d, lse, cq[b], tq, o, lq[b], hq, t);
-      }
-    }
 }
 
 int main(int argc, char** argv) {

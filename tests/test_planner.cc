@@ -187,7 +187,8 @@ TEST_CASE("GPU plans take their tile from the constexpr table") {
       CHECK(plan.head_dim_padded >= pr.head_dim);
       CHECK(plan.ctas_per_sm >= 1);
       CHECK(plan.workers <= hw.cores * plan.ctas_per_sm);
-      const GpuTile t = gpu_tile(int(pr.head_dim));
+      const bool decode = gpu_decode_rows(pr.heads_q / pr.heads_kv, pr.seqlen_q);
+      const GpuTile t = decode ? gpu_decode_tile(int(pr.head_dim)) : gpu_tile(int(pr.head_dim));
       if (plan.supported) {
         REQUIRE(t.supported);
         CHECK(plan.block_q == t.block_q);
@@ -229,6 +230,17 @@ TEST_CASE("hand-checked GPU plans: residency and flash-decoding splits") {
   const Plan d = plan_gpu(make(8, 8, 1, 131072, 128, DType::bf16), h200);
   CHECK(d.kv_splits == (132 + 7) / 8);
   CHECK(d.work_items == 8 * d.kv_splits);
+  // GQA decode packs the 4 query heads of a kv head into one CTA: 8 x 8 = 64 CTAs, so the keys
+  // split ceil(132 / 64) = 3 ways (the prefill count, 8 x 32 CTAs, would leave 68 SMs idle).
+  const Plan g = plan_gpu(make(32, 8, 1, 131072, 128, DType::bf16, 8), h200);
+  CHECK(g.units == 64);
+  CHECK(g.rows_per_unit == 4);
+  CHECK(g.block_q == kGpuDecodeMaxRows);
+  CHECK(g.kv_splits == 3);
+  CHECK(g.work_items == 192);
+  // 16 rows per kv head still decode (G = 8, Sq = 2); 17 would not fit the tile.
+  CHECK(plan_gpu(make(32, 4, 2, 4096, 128, DType::bf16), h200).block_q == kGpuDecodeMaxRows);
+  CHECK(plan_gpu(make(17, 1, 1, 4096, 128, DType::bf16), h200).block_q == gpu_tile(128).block_q);
 }
 
 TEST_CASE("FlashAttention-1's rule Bc = ceil(M/4d), Br = min(Bc, d)") {

@@ -1,0 +1,105 @@
+"""Decode (Sq = 1) beside PyTorch's scaled_dot_product_attention FLASH_ATTENTION and
+CUDNN_ATTENTION backends: B = 8, Hq = 32, Hkv = 32 and 8, D = 128, bf16, Sk 4k..128k, in one run
+on one GPU.
+
+Our numbers come from bench_gpu_decode (CUDA events, median of 30, JSON lines). The peers run
+here on tensors in the same (B, S, H, D) memory layout with fresh random inputs, timed with
+triton.testing.do_bench (median). Every implementation is credited with the same bytes: the K/V
+cache read once, B * Sk * Hkv * D * 2 bytes each for K and V. GQA goes to the peers as
+enable_gqa=True; a backend that refuses it gets K/V expanded to Hq heads, which it then reads
+Hq / Hkv times (the table marks such rows "expanded").
+
+usage: compare_decode.py --ours decode.jsonl [--json peers.json] [--max-seqlen 131072]
+"""
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+def time_peer(backend, q, k, v, gqa):
+    def run():
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+
+    try:
+        run()
+        torch.cuda.synchronize()
+        return triton.testing.do_bench(run, warmup=25, rep=200, return_mode="median")
+    except RuntimeError as err:
+        print(f"# {backend} gqa={gqa}: {str(err).splitlines()[0]}")
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ours", required=True)
+    ap.add_argument("--json")
+    ap.add_argument("--max-seqlen", type=int, default=131072)
+    args = ap.parse_args()
+
+    ours = {}
+    with open(args.ours) as f:
+        for line in f:
+            if line.startswith("{"):
+                r = json.loads(line)
+                ours[(r["heads_kv"], r["seqlen_k"])] = r
+
+    torch.manual_seed(0)
+    b, hq, d = 8, 32, 128
+    rows = []
+    for hkv in (32, 8):
+        sk = 4096
+        while sk <= args.max_seqlen:
+            kv_bytes = 2.0 * b * sk * hkv * d * 2
+            q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+            k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
+            row = {"heads_kv": hkv, "seqlen_k": sk}
+            for name, backend in PEERS.items():
+                ms = time_peer(backend, q, k, v, hkv != hq)
+                expanded = False
+                if ms is None and hkv != hq:
+                    g = hq // hkv
+                    ke, ve = (x.repeat_interleave(g, dim=1) for x in (k, v))
+                    ms = time_peer(backend, q, ke, ve, False)
+                    expanded = ms is not None
+                    del ke, ve
+                row[name + "_tbps"] = kv_bytes / ms * 1e-9 if ms else None
+                row[name + "_expanded"] = expanded
+            mine = ours.get((hkv, sk))
+            for key in ("tbps", "api_tbps", "kv_splits", "check", "model_dram_bytes", "kv_bytes"):
+                row["ioattn_" + key] = mine[key] if mine else None
+            rows.append(row)
+            del q, k, v
+            torch.cuda.empty_cache()
+            sk *= 2
+
+    def fmt(x, spec=".2f"):
+        return "-" if x is None else format(x, spec)
+
+    def ratio(a, b):
+        return "-" if a is None or b is None else f"{a / b:.2f}"
+
+    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}")
+    print("| Hkv | Sk | splits | ioattn TB/s (kernels) | ioattn TB/s (API call) | FA2 (SDPA flash) | cuDNN (SDPA) "
+          "| vs FA2 | vs cuDNN | model/counted bytes | check |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        fl = fmt(r["flash_tbps"]) + (" (expanded)" if r["flash_expanded"] else "")
+        cu = fmt(r["cudnn_tbps"]) + (" (expanded)" if r["cudnn_expanded"] else "")
+        model = ratio(r["ioattn_model_dram_bytes"], r["ioattn_kv_bytes"])
+        print(f"| {r['heads_kv']} | {r['seqlen_k']} | {fmt(r['ioattn_kv_splits'], 'd')} | {fmt(r['ioattn_tbps'])} | "
+              f"{fmt(r['ioattn_api_tbps'])} | {fl} | {cu} | {ratio(r['ioattn_tbps'], r['flash_tbps'])} | "
+              f"{ratio(r['ioattn_tbps'], r['cudnn_tbps'])} | {model} | {r['ioattn_check']} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+// Split-KV decode on the CUDA backend (flash-decoding): what the dispatcher and the tests see of
+// it. The kernels are in gpu/decode.cuh, the host side in gpu/decode.cu.
+#pragma once
+
+#include <cstddef>
+
+#include "common/params.h"
+#include "common/status.h"
+
+namespace ioattn::gpu {
+
+// Key splits the decode kernel uses for p on the current device: plan_gpu's kv_splits, which
+// depends only on the problem and the device's SM count.
+int decode_splits(const AttnParams& p);
+
+// Device memory for the split partials, stream-ordered on `stream`. On failure (real or
+// injected) returns IOATTN_ERROR_BACKEND naming `what` and the size, and *out is null.
+Status device_scratch_alloc(size_t bytes, void* stream, const char* what, void** out);
+void device_scratch_free(void* ptr, void* stream);
+
+// Attends p with the decode kernel on p.stream; `partials` holds decode_partials_bytes(p, splits)
+// bytes when splits > 1 (unused otherwise).
+Status decode_forward(const AttnParams& p, int splits, void* partials);
+size_t decode_partials_bytes(const AttnParams& p, int splits);
+
+namespace testing {
+// After `successes` more successful device scratch allocations, the next one fails
+// (process-wide; -1 disables), as common/alloc.h's hook does for host scratch. Tests only.
+void fail_device_alloc_after(long successes);
+}  // namespace testing
+
+}  // namespace ioattn::gpu

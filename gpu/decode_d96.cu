@@ -1,0 +1,18 @@
+// The decode kernel for D = 96 in bf16 and f16: one nvcc job per head dim.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "gpu/decode.cuh"
+
+namespace ioattn::gpu::decode {
+
+template <>
+cudaError_t launch_decode<__nv_bfloat16, 96>(const AttnParams& p, const Partials& part) {
+  return launch_decode_tile<__nv_bfloat16, 96>(p, part);
+}
+template <>
+cudaError_t launch_decode<__half, 96>(const AttnParams& p, const Partials& part) {
+  return launch_decode_tile<__half, 96>(p, part);
+}
+
+}  // namespace ioattn::gpu::decode
