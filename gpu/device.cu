@@ -1,6 +1,7 @@
 // Device discovery for the CUDA backend and the hardware profile the planner reads for the GPU.
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <string>
 
 #include "common/hardware.h"
@@ -18,22 +19,32 @@ double tensor_flop_per_sm_clock(int major, int minor) {
   return 0;
 }
 
+std::string pointer_text(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
 }  // namespace
 
 bool query_cuda_device(HardwareProfile* out) {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  int device = 0, clock_khz = 0, mem_clock_khz = 0;
   cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return false;
-  int clock_khz = 0, mem_clock_khz = 0;
-  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device);
-  cudaDeviceGetAttribute(&mem_clock_khz, cudaDevAttrMemoryClockRate, device);
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaGetDeviceProperties(&prop, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&mem_clock_khz, cudaDevAttrMemoryClockRate, device);
+  if (err != cudaSuccess) {
+    // Consumed, so the failure cannot resurface in a later launch check as that launch's own.
+    cudaGetLastError();
+    return false;
+  }
 
   const std::string source = "cudaGetDeviceProperties(device " + std::to_string(device) + ")";
   HardwareProfile hw;
   hw.name = "cuda:" + std::to_string(device);
-  hw.description = std::string(prop.name) + ", compute capability " + std::to_string(prop.major) + "." +
-                   std::to_string(prop.minor);
+  hw.description =
+      std::string(prop.name) + ", compute capability " + std::to_string(prop.major) + "." + std::to_string(prop.minor);
   hw.kind = DeviceKind::gpu;
   hw.cores = prop.multiProcessorCount;
   hw.clock_ghz = clock_khz * 1e-6;
@@ -74,17 +85,36 @@ namespace gpu {
 
 bool available() {
   int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  if (cudaGetDeviceCount(&count) == cudaSuccess) return count > 0;
+  // No driver or no device: consumed, so it cannot resurface in the caller's next launch check.
+  cudaGetLastError();
+  return false;
 }
 
 Status download(void* host_dst, const void* device_src, size_t bytes, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  cudaError_t err = cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, s);
+  // The copy must finish before validation reads it, and a stream capturing a graph cannot
+  // synchronize: refused up front, so the caller's capture is not invalidated by a failed sync.
+  // On the legacy stream while a blocking stream captures, the query itself fails
+  // (cudaErrorStreamCaptureImplicit) without invalidating that capture.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaError_t err = cudaStreamIsCapturing(s, &capture);
+  if (err == cudaSuccess && capture != cudaStreamCaptureStatusNone)
+    return Status::unsupported("backend=CUDA: opt.cuda_stream is capturing a CUDA graph; this entry point reads " +
+                               std::to_string(bytes) +
+                               " bytes of metadata (seqlens, block table or cu_seqlens) on the host before it "
+                               "writes anything, which a capture cannot do");
+  if (err == cudaSuccess) err = cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, s);
   if (err == cudaSuccess) err = cudaStreamSynchronize(s);
-  if (err != cudaSuccess)
+  if (err != cudaSuccess) {
+    // The runtime keeps the failure as this thread's last error. Left there, the next launch
+    // check (this library's cudaGetLastError after a launch, or the caller's) would report it as
+    // its own failure, so the next valid call would fail too.
+    cudaGetLastError();
     return Status::backend("backend=CUDA: copying " + std::to_string(bytes) +
-                           " bytes of metadata (seqlens, block table or cu_seqlens) to the host: " +
-                           cudaGetErrorString(err));
+                           " bytes of metadata (seqlens, block table or cu_seqlens) to the host on opt.cuda_stream=" +
+                           pointer_text(stream) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+  }
   return Status::ok();
 }
 

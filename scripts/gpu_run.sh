@@ -1,27 +1,44 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build, GPU tests, compute-sanitizer memcheck and racecheck, and the
-# benchmark beside PyTorch's SDPA backends. Everything printed also lands in $OUT (default
-# ./out): gpu_test.txt, sanitize.txt, bench_ioattn.jsonl, bench_table.md, bench_peers.json.
+# One call on the GPU machine: build, GPU tests, compute-sanitizer (memcheck, racecheck, synccheck)
+# over every GPU test binary, the CPU tests on that host's AVX-512 cores, and the benchmark beside
+# PyTorch's SDPA backends. Everything printed also lands in $OUT (default ./out): device.txt,
+# gpu_test.txt, sanitize.txt, cpu_test.txt, bench_ioattn.jsonl, bench_table.md, bench_peers.json.
 #
 #   scripts/gpu_run.sh                  build here (Debian packages carried in .deps/debs are
 #                                       unpacked into a prefix: Highway, nlohmann_json, OpenBLAS)
 #   IOATTN_PREBUILT=DIR scripts/gpu_run.sh
-#                                       run binaries built elsewhere: DIR holds test_gpu_forward,
-#                                       bench_gpu_forward and the shared libraries they need
-#   IOATTN_STEPS="test sanitize bench"  which steps to run (default: all three)
+#                                       run binaries built elsewhere: DIR holds the test binaries
+#                                       below, bench_gpu_forward and the shared libraries they need
+#   IOATTN_STEPS="test sanitize cpu bench"
+#                                       which steps to run (default: all four)
+#   IOATTN_GPU_TESTS="test_gpu_forward test_gpu_inference test_gpu_faults"
+#                                       GPU test binaries for the test and sanitize steps
+#   IOATTN_SANITIZE_TOOLS="memcheck racecheck synccheck"
+#   IOATTN_SANITIZE_TIMEOUT=600         seconds per sanitizer run (a run cut off counts as failed)
+#   IOATTN_SANITIZE_PARALLEL=1          run all sanitizer runs at once (one GPU, many processes)
+#   IOATTN_CPU_TESTS="test_cpu_forward test_cpu_edge test_cpu_decode test_inference_cpu test_cpu_threads"
 #   IOATTN_MAX_SEQLEN=16384             longest benchmark sequence
+#
+# The sanitizers run only the [sanitize] cases of each binary: memcheck and racecheck multiply a
+# kernel's run time by 10-100x. test_gpu_faults fails CUDA calls on purpose, so its runs pass
+# --report-api-errors no; every other binary keeps the default, where an API error is a finding.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$root/out}
 mkdir -p "$OUT"
-steps=${IOATTN_STEPS:-test sanitize bench}
+steps=${IOATTN_STEPS:-test sanitize cpu bench}
+gpu_tests=${IOATTN_GPU_TESTS:-test_gpu_forward test_gpu_inference test_gpu_faults}
+cpu_tests=${IOATTN_CPU_TESTS:-test_cpu_forward test_cpu_edge test_cpu_decode test_inference_cpu test_cpu_threads}
+tools=${IOATTN_SANITIZE_TOOLS:-memcheck racecheck synccheck}
+sanitize_timeout=${IOATTN_SANITIZE_TIMEOUT:-600}
 max_seqlen=${IOATTN_MAX_SEQLEN:-16384}
 status=0
+command -v compute-sanitizer >/dev/null || PATH=$PATH:/usr/local/cuda/bin
 
 if [[ -n "${IOATTN_PREBUILT:-}" ]]; then
   bin=$(cd "$IOATTN_PREBUILT" && pwd)
   export LD_LIBRARY_PATH="$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  test_bin=$bin/test_gpu_forward
+  test_dir=$bin
   bench_bin=$bin/bench_gpu_forward
 else
   prefix=/tmp/ioattn-deps
@@ -35,8 +52,11 @@ else
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DIOATTN_CUDA=ON \
     -DIOATTN_CUDA_ARCHITECTURES=90a -DIOATTN_THREADING=openmp -DCMAKE_PREFIX_PATH="$prefix/usr" \
     -DBLAS_LIBRARIES="$libdir/openblas-pthread/libopenblas.so" 2>&1 | tee "$OUT/build.txt" | tail -3
-  ninja -C "$build" test_gpu_forward bench_gpu_forward 2>&1 | tee -a "$OUT/build.txt" | tail -5 || exit 1
-  test_bin=$build/tests/test_gpu_forward
+  targets="$gpu_tests bench_gpu_forward"
+  [[ " $steps " == *" cpu "* ]] && targets="$targets $cpu_tests"
+  # shellcheck disable=SC2086
+  ninja -C "$build" $targets 2>&1 | tee -a "$OUT/build.txt" | tail -5 || exit 1
+  test_dir=$build/tests
   bench_bin=$build/bench/gpu/bench_gpu_forward
 fi
 
@@ -45,19 +65,84 @@ git -C "$root" log -1 --format='commit %H %cd' 2>/dev/null | tee -a "$OUT/device
 
 if [[ " $steps " == *" test "* ]]; then
   echo "== GPU tests"
-  "$test_bin" 2>&1 | tee "$OUT/gpu_test.txt" | tail -25 || status=1
+  : >"$OUT/gpu_test.txt"
+  for t in $gpu_tests; do
+    echo "-- $t" >>"$OUT/gpu_test.txt"
+    "$test_dir/$t" >>"$OUT/gpu_test.txt" 2>&1
+    rc=$?
+    echo "$t: exit $rc" | tee -a "$OUT/gpu_test.txt"
+    [[ $rc -eq 0 ]] || status=1
+  done
+  grep -E "test cases|FAILED|SKIPPED" "$OUT/gpu_test.txt" | tail -20
 fi
+
+# One sanitizer over one binary's [sanitize] cases, its log and a one-line summary into $2.
+sanitize_one() {
+  local tool=$1 t=$2 dir=$3 start=$SECONDS rc api_errors=()
+  [[ $t == test_gpu_faults ]] && api_errors=(--report-api-errors no)
+  timeout -s INT -k 15 "$sanitize_timeout" compute-sanitizer --tool "$tool" --error-exitcode 9 "${api_errors[@]}" \
+    "$test_dir/$t" "[sanitize]" >"$dir/$tool.$t.log" 2>&1
+  rc=$?
+  local summary cases
+  summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$dir/$tool.$t.log" | tail -1)
+  cases=$(grep -E "test cases" "$dir/$tool.$t.log" | tail -1)
+  echo "$tool $t: exit $rc after $((SECONDS - start)) s; ${summary#========= }; $cases" >"$dir/$tool.$t.summary"
+}
 
 if [[ " $steps " == *" sanitize "* ]]; then
   echo "== compute-sanitizer over the [sanitize] cases"
+  logs=$(mktemp -d)
+  for tool in $tools; do
+    for t in $gpu_tests; do
+      if [[ -n "${IOATTN_SANITIZE_PARALLEL:-}" ]]; then
+        sanitize_one "$tool" "$t" "$logs" &
+      else
+        sanitize_one "$tool" "$t" "$logs"
+      fi
+    done
+  done
+  wait
   : >"$OUT/sanitize.txt"
-  for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --error-exitcode 9 "$test_bin" "[sanitize]" >>"$OUT/sanitize.txt" 2>&1
+  for tool in $tools; do
+    for t in $gpu_tests; do
+      { echo "-- $tool $t"; cat "$logs/$tool.$t.log"; echo; } >>"$OUT/sanitize.txt"
+    done
+  done
+  for tool in $tools; do
+    for t in $gpu_tests; do
+      tee -a "$OUT/sanitize.txt" <"$logs/$tool.$t.summary"
+      grep -q ": exit 0 after" "$logs/$tool.$t.summary" || status=1
+    done
+  done
+  rm -rf "$logs"
+fi
+
+if [[ " $steps " == *" cpu "* ]]; then
+  # The CPU kernels' Highway targets that this host supports: test_cpu_forward and test_cpu_decode
+  # loop over every compiled one; the other tests run the best one (AVX3 on an AVX-512 host).
+  echo "== CPU tests on this host"
+  {
+    grep -m1 "model name" /proc/cpuinfo
+    echo "cores: $(nproc); avx512 flags: $(grep -m1 -o 'avx512[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+  } | tee "$OUT/cpu_test.txt"
+  for t in $cpu_tests; do
+    echo "-- $t" >>"$OUT/cpu_test.txt"
+    start=$SECONDS
+    "$test_dir/$t" >>"$OUT/cpu_test.txt" 2>&1
     rc=$?
-    echo "$tool: exit $rc" | tee -a "$OUT/sanitize.txt"
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases" "$OUT/sanitize.txt" | tail -2
+    echo "$t: exit $rc after $((SECONDS - start)) s; $(grep -E 'test cases' "$OUT/cpu_test.txt" | tail -1)" |
+      tee -a "$OUT/cpu_test.txt"
     [[ $rc -eq 0 ]] || status=1
   done
+  # Which targets ran: the forward test asserts that dispatch went to each target it selected, and
+  # the decode test names each target in its sections.
+  echo "-- Highway targets exercised" | tee -a "$OUT/cpu_test.txt"
+  "$test_dir/test_cpu_forward" "[targets]" -s 2>&1 |
+    grep -oE '"[A-Z0-9_]+" == "[A-Z0-9_]+"' | sort | uniq -c | sed 's/^/forward dispatch checks: /' |
+    tee -a "$OUT/cpu_test.txt"
+  "$test_dir/test_cpu_decode" "decode: every compiled Highway target" -s 2>&1 |
+    grep -oE '^  (SCALAR|EMU128|SSSE3|SSE4|AVX2|AVX3[A-Z0-9_]*) ' | sort | uniq -c | sed 's/^/decode sections: /' |
+    tee -a "$OUT/cpu_test.txt"
 fi
 
 if [[ " $steps " == *" bench "* ]]; then
