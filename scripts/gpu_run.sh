@@ -73,7 +73,7 @@ if [[ " $steps " == *" test "* ]]; then
     echo "$t: exit $rc" | tee -a "$OUT/gpu_test.txt"
     [[ $rc -eq 0 ]] || status=1
   done
-  grep -E "test cases|FAILED|SKIPPED" "$OUT/gpu_test.txt" | tail -20
+  grep -E "test case|FAILED|SKIPPED" "$OUT/gpu_test.txt" | tail -20
 fi
 
 # One sanitizer over one binary's [sanitize] cases, its log and a one-line summary into $2.
@@ -85,7 +85,7 @@ sanitize_one() {
   rc=$?
   local summary cases
   summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$dir/$tool.$t.log" | tail -1)
-  cases=$(grep -E "test cases" "$dir/$tool.$t.log" | tail -1)
+  cases=$(grep -E "test case" "$dir/$tool.$t.log" | tail -1)
   echo "$tool $t: exit $rc after $((SECONDS - start)) s; ${summary#========= }; $cases" >"$dir/$tool.$t.summary"
 }
 
@@ -130,7 +130,7 @@ if [[ " $steps " == *" cpu "* ]]; then
     start=$SECONDS
     "$test_dir/$t" >>"$OUT/cpu_test.txt" 2>&1
     rc=$?
-    echo "$t: exit $rc after $((SECONDS - start)) s; $(grep -E 'test cases' "$OUT/cpu_test.txt" | tail -1)" |
+    echo "$t: exit $rc after $((SECONDS - start)) s; $(grep -E 'test case' "$OUT/cpu_test.txt" | tail -1)" |
       tee -a "$OUT/cpu_test.txt"
     [[ $rc -eq 0 ]] || status=1
   done
