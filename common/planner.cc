@@ -250,9 +250,19 @@ Plan plan_gpu(const Problem& pr, const HardwareProfile& hw) {
   plan.rows_per_unit = decode ? group * pr.seqlen_q : pr.seqlen_q;
   const int64_t q_blocks = pr.seqlen_q > 0 ? (decode ? 1 : ceil_div(pr.seqlen_q, plan.block_q)) : 0;
   const int64_t tasks = plan.units * q_blocks;
-  plan.kv_splits = split_keys(tasks, hw.cores, pr.seqlen_k, plan.block_kv);
+  const int64_t slots = int64_t(hw.cores) * plan.ctas_per_sm;
+  if (decode) {
+    // Decode streams K/V at the rate the resident CTAs keep bytes in flight: on the H200 each
+    // CTA's two 32 KiB tiles ahead sustained ~16 GB/s, at 192 CTAs as at 256, so the keys split
+    // into as many runs as fill every resident slot in one wave (floor: a second, partial wave
+    // would leave most SMs idle at its end).
+    const int64_t most = std::max<int64_t>(1, ceil_div(pr.seqlen_k, plan.block_kv) / kMinKvBlocksPerSplit);
+    plan.kv_splits = tasks <= 0 || tasks >= slots || pr.seqlen_k <= 0 ? 1 : int(std::min(slots / tasks, most));
+  } else {
+    plan.kv_splits = split_keys(tasks, hw.cores, pr.seqlen_k, plan.block_kv);
+  }
   plan.work_items = tasks * plan.kv_splits;
-  plan.workers = int(std::max<int64_t>(1, std::min<int64_t>(int64_t(hw.cores) * plan.ctas_per_sm, plan.work_items)));
+  plan.workers = int(std::max<int64_t>(1, std::min<int64_t>(slots, plan.work_items)));
 
   plan.rationale = std::string(decode ? "split-KV decode, the " + std::to_string(group) + " query heads of a kv head packed; " : "") +
                    "tile " + std::to_string(plan.block_q) + "x" + std::to_string(plan.block_kv) + " from the constexpr table (" +

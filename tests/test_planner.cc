@@ -224,20 +224,25 @@ TEST_CASE("hand-checked GPU plans: residency and flash-decoding splits") {
   CHECK(p.ctas_per_sm == std::max<int64_t>(1, expect));
   CHECK(p.work_items == 16 * (4096 / t.block_q));
   CHECK(p.kv_splits == 1);
-  // Decode: 8 x 32 heads = 256 CTAs of one query block already exceed 132 SMs...
-  CHECK(plan_gpu(make(32, 32, 1, 4096, 128, DType::bf16, 8), h200).kv_splits == 1);
-  // ...but one sequence of 8 heads is 8 CTAs: split the 131072 keys so 132 SMs have work.
+  // Decode fills the resident slots of one wave: the D = 128 decode tile (106 KiB) leaves two
+  // CTAs per SM, 264 slots. 8 x 32 kv heads = 256 CTAs: no split...
+  const Plan whole = plan_gpu(make(32, 32, 1, 4096, 128, DType::bf16, 8), h200);
+  CHECK(whole.ctas_per_sm == 2);
+  CHECK(whole.kv_splits == 1);
+  // ...one sequence of 8 heads is 8 CTAs: the 131072 keys split floor(264 / 8) = 33 ways.
   const Plan d = plan_gpu(make(8, 8, 1, 131072, 128, DType::bf16), h200);
-  CHECK(d.kv_splits == (132 + 7) / 8);
+  CHECK(d.kv_splits == 264 / 8);
   CHECK(d.work_items == 8 * d.kv_splits);
-  // GQA decode packs the 4 query heads of a kv head into one CTA: 8 x 8 = 64 CTAs, so the keys
-  // split ceil(132 / 64) = 3 ways (the prefill count, 8 x 32 CTAs, would leave 68 SMs idle).
+  // GQA decode packs the 4 query heads of a kv head into one CTA: 8 x 8 = 64 CTAs, split
+  // floor(264 / 64) = 4 ways (the prefill count, 8 x 32 CTAs of one head each, would not split).
   const Plan g = plan_gpu(make(32, 8, 1, 131072, 128, DType::bf16, 8), h200);
   CHECK(g.units == 64);
   CHECK(g.rows_per_unit == 4);
   CHECK(g.block_q == kGpuDecodeMaxRows);
-  CHECK(g.kv_splits == 3);
-  CHECK(g.work_items == 192);
+  CHECK(g.kv_splits == 4);
+  CHECK(g.work_items == 256);
+  // Short caches keep >= 4 blocks of 64 keys per split: 1000 keys = 16 blocks, 4 splits.
+  CHECK(plan_gpu(make(8, 8, 1, 1000, 128, DType::bf16), h200).kv_splits == 4);
   // 16 rows per kv head still decode (G = 8, Sq = 2); 17 would not fit the tile.
   CHECK(plan_gpu(make(32, 4, 2, 4096, 128, DType::bf16), h200).block_q == kGpuDecodeMaxRows);
   CHECK(plan_gpu(make(17, 1, 1, 4096, 128, DType::bf16), h200).block_q == gpu_tile(128).block_q);
