@@ -30,16 +30,21 @@ constexpr int64_t gpu_tile_smem_bytes(const GpuTile& t, int head_dim) {
 // Register budget per thread (255 max) drives the shapes: a warp with 32 query rows holds
 // O = 32*D/32 = D fp32 and S = 32*block_kv/32 = block_kv fp32 per lane. D = 128: 128 + 64 with
 // 32 rows per warp (4 warps x 32 = 128 rows), which halves the K/V shared-memory reads per FLOP
-// against 16 rows per warp; D = 64 with block_kv = 128 would hold S = 128 and spills, so 64 keys
-// and a third stage. D = 256 cannot afford 32 rows (256 + ...), so 8 warps of 16 rows.
+// against 16 rows per warp. D = 64 holds the same 64 + 128 with block_kv = 128, which halves the
+// per-key-block softmax, barrier and pipeline overhead against 64 keys (and is FlashAttention-2's
+// own D = 64 tile): ptxas spills 96 bytes, yet on the H200 (2026-12-02, bench_gpu_forward, hidden
+// 2048) it ran 271-279 TFLOP/s at S = 4096-16384 non-causal against 256-265 with 64 keys and
+// three stages, causal 242-269 against 232-255 (S >= 2048); only causal S <= 1024 lost (124 vs
+// 138 at 512), where the wider diagonal block masks more. D = 256 cannot afford 32 rows
+// (256 + ...), so 8 warps of 16 rows.
 // Measured on the H200 (bench/results/gpu-forward.md): 8 warps of 16 rows at two CTAs per SM
 // (128 registers) ran slower at D = 64 (242 vs 257 TFLOP/s) and at D = 128 with 32 keys (253 vs
 // 317): twice the warps did not buy back twice the K/V ldmatrix traffic per FLOP.
-// Shared memory: D=64 74 KB, D=96 80 KB, D=128 104 KB (two CTAs per SM on an H100/H200, 227 KB),
+// Shared memory: D=64 92 KB, D=96 80 KB, D=128 104 KB (two CTAs per SM on an H100/H200, 227 KB),
 // D=256 202 KB (one CTA; larger than an A100's 163 KB opt-in: the launcher then falls back).
 constexpr GpuTile gpu_tile(int head_dim) {
   switch (head_dim) {
-    case 64: return {128, 64, 4, 3, true};
+    case 64: return {128, 128, 4, 2, true};
     case 96: return {128, 64, 4, 2, true};
     case 128: return {128, 64, 4, 2, true};
     case 256: return {128, 64, 8, 2, true};

@@ -6,7 +6,7 @@ namespace ioattn::gpu::sm80 {
 template <>
 cudaError_t launch_flash_fwd<__half, 64>(const AttnParams& p) {
   // block_q, block_kv, warps, stages: checked against gpu_tile(64) inside launch_tile.
-  return launch_tile<__half, 64, 128, 64, 4, 3>(p);
+  return launch_tile<__half, 64, 128, 128, 4, 2>(p);
 }
 
 }  // namespace ioattn::gpu::sm80
