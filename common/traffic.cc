@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/cpu_tiles.h"
 #include "common/masking.h"
 
 namespace ioattn {
@@ -16,9 +17,9 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // into blocks aligned to its end (so it reads exactly the visible keys); the CUDA kernel, like
 // FlashAttention-2, aligns key blocks to multiples of block_kv.
 struct UnitWalk {
-  int64_t q_blocks = 0;     // blocks with at least one visible key
-  int64_t steps = 0;        // (query block, key block) pairs visited
-  int64_t kv_rows_sum = 0;  // key rows loaded, summed over the query blocks
+  int64_t q_blocks = 0;       // blocks with at least one visible key
+  int64_t steps = 0;          // (query block, key block) pairs visited
+  int64_t kv_rows_sum = 0;    // key rows loaded, summed over the query blocks
   int64_t kv_rows_union = 0;  // distinct key rows any block loads
 };
 
@@ -51,10 +52,10 @@ UnitWalk walk_unit(const Problem& pr, int64_t group, int64_t bq, int64_t bkv, bo
 }
 
 struct Sizes {
-  double q, o, lse;      // compulsory bytes of the whole problem
-  double kv_row;         // bytes of one key row plus one value row, storage dtype
-  double s_fp32;         // one fp32 score matrix for all heads
-  double s_head;         // one fp32 score matrix of one (batch, q head)
+  double q, o, lse;  // compulsory bytes of the whole problem
+  double kv_row;     // bytes of one key row plus one value row, storage dtype
+  double s_fp32;     // one fp32 score matrix for all heads
+  double s_head;     // one fp32 score matrix of one (batch, q head)
 };
 
 Sizes sizes_of(const Problem& pr) {
@@ -81,31 +82,275 @@ void set(BoundaryTraffic* b, double fr, double fw, double sr, double sw) {
 // Capacity a level offers to data that all cores read (see MemoryLevel::partitions).
 double shared_capacity(const MemoryLevel& l) { return double(l.size_bytes) / std::max(1, l.partitions); }
 
+// The fraction of a cyclically reused footprint that an LRU cache of `capacity` bytes keeps from one
+// pass to the next. With the associativity known, lines are taken to fall into sets at random
+// (Poisson, mean footprint lines / sets): a line survives when at most ways - 1 other lines of
+// the footprint share its set. This gives partial reuse near capacity, where a set-associative
+// LRU keeps some sets and loses others (cachegrind: a 418 KiB footprint in a 512 KiB 8-way LL
+// lost about a third of it per pass). Without it (ways = 0), the fully associative rule.
+double lru_kept_fraction(double footprint, double capacity, int ways, double line) {
+  if (footprint <= 0) return 1.0;
+  if (ways <= 0 || capacity <= 0) return footprint <= capacity ? 1.0 : 0.0;
+  const double sets = std::max(1.0, capacity / (double(ways) * line));
+  const double lambda = footprint / line / sets;
+  double term = std::exp(-lambda), cdf = term;
+  for (int k = 1; k < ways; ++k) {
+    term *= lambda / double(k);
+    cdf += term;
+  }
+  return std::min(1.0, cdf);
+}
+
+// Head mode's V copy is laid out in column panels head_keys x panel_cols x 4 bytes apart, so the
+// cc chunks of one key block sit that far apart. Where that stride is (close to) a multiple of the
+// cache's way size, the chunks fall into the same sets: returns how many chunks cover the most
+// loaded set, from the chunks' offsets modulo the way size.
+double v_chunks_per_set(double stride, double chunk_bytes, double chunks, double way_bytes) {
+  if (way_bytes <= 0 || chunks <= 1) return 1.0;
+  double most = 1;
+  for (double c = 0; c < chunks; ++c) {
+    const double start = std::fmod(c * stride, way_bytes);
+    double cover = 0;
+    for (double o = 0; o < chunks; ++o) {
+      // Chunk o covers chunk c's first line when c starts less than one chunk after o.
+      if (std::fmod(start - std::fmod(o * stride, way_bytes) + way_bytes, way_bytes) < chunk_bytes) cover += 1;
+    }
+    most = std::max(most, cover);
+  }
+  return most;
+}
+
 // ---- CPU ----------------------------------------------------------------------------------
-// Flash, innermost boundary (L1d-L2), per (query block, key block) step of one worker: the
-// source K/V rows are read and packed to fp32; Q K^T streams K once per query panel; P V
-// streams whichever operand does not stay in L1 once per register strip of the other; the score block is written, read and rewritten as P
-// by the softmax unless it fits L1; P V likewise; the O accumulator is read and written once
-// per step unless it fits L1. Anything that fits in half of L1 (the other half holds the
-// micro-kernel's streaming operand) crosses once.
-double cpu_flash_scratch_step(const Plan& plan, const Problem& pr, const HardwareProfile& hw, double level_bytes) {
-  const double lanes = std::max(4, hw.simd_bits / 32);
-  const double dp = plan.head_dim_padded;
-  const double dvp = std::ceil(double(pr.head_dim_v) / lanes) * lanes;
-  const double bq = plan.block_q, bkv = plan.block_kv, rr = plan.reg_rows, rc = plan.reg_cols;
-  const double half = level_bytes / 2;
-  const double k_blk = bkv * dp * 4, v_blk = bkv * dvp * 4, q_blk = bq * dp * 4;
-  const double s_blk = bq * bkv * 4, o_blk = bq * dvp * 4;
-  double bytes = 0;
-  if (k_blk + v_blk > half) bytes += k_blk + v_blk;  // the packed copies spill once
-  // S^T = K Q^T as the CPU kernel runs it: one panel of reg_cols query rows stays in L1 while
-  // the K block streams past it, once per panel.
-  bytes += k_blk + rc * dp * 4 <= half ? k_blk + q_blk : std::ceil(bq / rc) * k_blk + q_blk;
-  if (s_blk > half) bytes += 3 * s_blk;
-  bytes += v_blk + rr * dvp * 4 <= half ? v_blk
-                                        : std::min(std::ceil(bq / rr) * v_blk + s_blk, std::ceil(dvp / rc) * s_blk + v_blk);
-  if (o_blk > half) bytes += 2 * o_blk;
+// Flash attention at the innermost boundary (L1d-L2), by walking the CPU kernel's own loop nest
+// (cpu/flash_kernel.cc, RunTileBlocks / RunPanel / AccumulatePv) for one unit. Each tile runs its
+// key blocks; each block runs panels of 48 query rows; a panel scores S^T = K Q^T in chunks of
+// `vecs` row vectors (the K block streams past each chunk), runs the softmax over its S^T
+// (block_kv x 48 floats), rescales its O rows and accumulates P V one V column chunk
+// (panel_cols wide) at a time, with `rows`-row groups of P^T passing over the chunk. Every reuse
+// below is decided by the footprint between two uses against the L1 capacity (an LRU cache keeps
+// a cyclically reused set exactly when it fits); the counts are lines filled, as cachegrind counts.
+// The constants mirror the kernel's: kCpuPanelRows is its kPanelRows; the register tile is
+// common/cpu_tiles.h's, which the kernel and the planner share.
+constexpr int64_t kCpuPanelRows = 48;
+constexpr double kLine = 64;
+
+double round_up_d(double a, double m) { return std::ceil(a / m) * m; }
+
+struct CpuKernelShape {
+  int64_t lanes, score_vecs, pv_rows, panel_cols;
+};
+
+CpuKernelShape cpu_kernel_shape(const HardwareProfile& hw) {
+  const int64_t lanes = std::max(4, hw.simd_bits / 32);
+  const CpuRegisterTile t = cpu_register_tile(hw.simd_bits);
+  return {lanes, t.vecs, t.rows, t.vecs * lanes};
+}
+
+// Bytes one panel-step (one panel of a tile against one key block of nk keys starting at j0)
+// moves across L1d-L2. lo/hi: each panel row's visible keys, relative to j0.
+double cpu_flash_panel_l1(const CpuKernelShape& ks, double l1, double dp, double dvp, double nk,
+                          const std::vector<int64_t>& lo, const std::vector<int64_t>& hi, double* v_block) {
+  const int64_t pr = int64_t(lo.size());
+  const double mp = round_up_d(double(pr), double(ks.lanes));
+  const double kblk = nk * dp * 4, st = nk * mp * 4;
+  // 1. Scores: the K block (nk x D floats) streams past every chunk of `vecs` row vectors unless
+  // it stays in L1 next to the chunk's Q^T and one line per key of S^T; each chunk's Q^T is read
+  // once; S^T's lines are written (filled) once: the previous panel's K stream evicted them.
+  const double chunks = std::ceil(mp / double(ks.lanes) / double(ks.score_vecs));
+  const double q_chunk = double(ks.score_vecs * ks.lanes) * dp * 4;
+  double bytes = (kblk + q_chunk + nk * kLine <= l1 ? kblk : chunks * kblk) + mp * dp * 4 + st;
+  // 2. Softmax: two passes over S^T. The score pass's K stream left S^T outside L1 (unless K and
+  // S^T fit together); the second pass finds it in L1 only if all of S^T fits.
+  bytes += kblk + st <= l1 ? 0.0 : (st <= l1 ? st : 2 * st);
+  // 3. O rows: read once (by the rescale where the max grew, else by the P V tile's load).
+  bytes += double(pr) * dvp * 4;
+  // 4. P V. A group of `rows` P^T rows runs the register tile over the keys all its rows see,
+  // [a, e); the keys only some rows see go row by row (each such key: one V row of Dv floats).
+  const int64_t groups = (pr + ks.pv_rows - 1) / ks.pv_rows;
+  std::vector<int64_t> a(static_cast<size_t>(groups), 0), e(static_cast<size_t>(groups), 0),
+      lines(static_cast<size_t>(groups), 0);
+  int64_t span0 = int64_t(nk), span1 = 0;
+  double row_keys = 0, group_lines_max = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t r0 = g * ks.pv_rows, r1 = std::min(pr, r0 + ks.pv_rows);
+    int64_t ga = 0, ge = int64_t(nk);
+    bool empty = false;
+    for (int64_t r = r0; r < r1; ++r) {
+      empty |= lo[size_t(r)] >= hi[size_t(r)];
+      ga = std::max(ga, lo[size_t(r)]);
+      ge = std::min(ge, hi[size_t(r)]);
+    }
+    const bool fast = !empty && ga < ge;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t n = std::max<int64_t>(0, hi[size_t(r)] - lo[size_t(r)]);
+      row_keys += fast ? double(n - (ge - ga)) : double(n);
+    }
+    if (!fast) continue;
+    a[size_t(g)] = ga;
+    e[size_t(g)] = ge;
+    // S^T lines a group's 6 (or 8) floats of one key row touch ([key][mp] rows start on lines).
+    lines[size_t(g)] = (r1 * 4 - 1) / int64_t(kLine) - (r0 * 4) / int64_t(kLine) + 1;
+    group_lines_max = std::max(group_lines_max, double(lines[size_t(g)]));
+    span0 = std::min(span0, ga);
+    span1 = std::max(span1, ge);
+  }
+  const double cc = std::ceil(dvp / double(ks.panel_cols));
+  const double chunk_row = double(ks.panel_cols) * 4;  // one key of a V column chunk
+  bytes += row_keys * dvp * 4;
+  if (span1 <= span0) return bytes;
+  const double vspan = double(span1 - span0) * chunk_row;
+  *v_block += cc * vspan;
+  // S^T lines one column chunk reads: per key, the lines from the first to the last group
+  // that sees it.
+  bool uniform = true;
+  for (int64_t g = 0; g < groups; ++g) uniform &= a[size_t(g)] == span0 && e[size_t(g)] == span1;
+  double st_lines = uniform ? double(span1 - span0) * double((pr * 4 - 1) / int64_t(kLine) + 1) : 0.0;
+  for (int64_t j = span0; j < span1 && !uniform; ++j) {
+    int64_t g0 = -1, g1 = -1;
+    for (int64_t g = 0; g < groups; ++g) {
+      if (a[size_t(g)] <= j && j < e[size_t(g)]) {
+        if (g0 < 0) g0 = g;
+        g1 = g;
+      }
+    }
+    if (g0 >= 0)
+      st_lines += double((std::min(pr, (g1 + 1) * ks.pv_rows) * 4 - 1) / int64_t(kLine) -
+                         (g0 * ks.pv_rows * 4) / int64_t(kLine) + 1);
+  }
+  const double o_chunk = double(pr) * chunk_row;
+  if (st + vspan + o_chunk <= l1) {
+    // S^T, the V chunk and the O chunk fit: S^T stays from the softmax through every column chunk.
+    bytes += cc * vspan;
+  } else if (vspan * (1 + group_lines_max) + double(ks.pv_rows) * chunk_row <= l1) {
+    // One group's V chunk and S^T lines fit: the chunk stays across the groups, S^T is read again
+    // for every column chunk.
+    bytes += cc * (vspan + st_lines * kLine);
+  } else {
+    // Not even one group's footprint fits: every group reads its V keys and S^T lines again.
+    double per_chunk = 0;
+    for (int64_t g = 0; g < groups; ++g)
+      per_chunk += double(e[size_t(g)] - a[size_t(g)]) * (chunk_row + double(lines[size_t(g)]) * kLine);
+    bytes += cc * per_chunk;
+  }
   return bytes;
+}
+
+struct UnitL1 {
+  double tiles = 0, packing = 0, steps = 0;  // per tile (and split), K/V packing, panel-steps
+  double v_block = 0;  // the V keys the panel-steps read, summed over them (each panel reads its block's V)
+  double total() const { return tiles + packing + steps; }
+};
+
+// One unit's (a (sequence, kv head)'s) L1d-L2 bytes of the packed kernel. Per tile (and key
+// split): Q read and packed as Q^T, O zeroed, then written out (or as a split partial that the
+// merge reads back); per key block in tile mode (or once per unit in head mode): K/V read and
+// packed to f32. Then every panel-step above.
+UnitL1 cpu_flash_unit_l1(const Problem& pr, const Plan& plan, const CpuKernelShape& ks, double l1, bool head_mode) {
+  const int64_t group = pr.heads_kv > 0 ? std::max<int64_t>(1, pr.heads_q / pr.heads_kv) : 1;
+  const int64_t positions = std::max<int64_t>(1, plan.block_q / group);
+  const int64_t bkv = std::max(1, plan.block_kv);
+  const int64_t splits = std::max(1, plan.kv_splits);
+  const int64_t right = effective_window_right(pr.causal, pr.window_right);
+  const double eb = dtype_bytes(pr.dtype), kb = dtype_bytes(pr.kv_dtype);
+  const double dp = plan.head_dim_padded > 0 ? plan.head_dim_padded : round_up_d(double(pr.head_dim), double(ks.lanes));
+  const double dvp = round_up_d(double(pr.head_dim_v), double(ks.lanes));
+  const double dvq = round_up_d(double(pr.head_dim_v), double(ks.panel_cols));
+  const double kv_src = double(pr.head_dim + pr.head_dim_v) * kb, kv_packed = (dp + dvq) * 4;
+  UnitL1 u;
+  int64_t union_begin = pr.seqlen_k, union_end = 0;
+  for (int64_t p0 = 0; p0 < pr.seqlen_q; p0 += positions) {
+    const int64_t npos = std::min(positions, pr.seqlen_q - p0), rows = npos * group;
+    std::vector<int64_t> vb(static_cast<size_t>(rows)), ve(static_cast<size_t>(rows));
+    int64_t u0 = pr.seqlen_k, u1 = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const KeyRange k = visible_keys(p0 + r / group, pr.seqlen_q, pr.seqlen_k, pr.window_left, right);
+      vb[size_t(r)] = k.begin;
+      ve[size_t(r)] = k.end;
+      if (k.end > k.begin) {
+        u0 = std::min(u0, k.begin);
+        u1 = std::max(u1, k.end);
+      }
+    }
+    const double mp = round_up_d(double(rows), double(ks.lanes));
+    const double tile_in = double(rows) * double(pr.head_dim) * eb + mp * dp * 4 + mp * dvp * 4;
+    const double tile_out = double(rows) * (dvp * 4 + double(pr.head_dim_v) * eb);
+    if (u1 <= u0) {
+      u.tiles += tile_in + tile_out;
+      continue;
+    }
+    union_begin = std::min(union_begin, u0);
+    union_end = std::max(union_end, u1);
+    const int64_t nb = (u1 - u0 + bkv - 1) / bkv;
+    // A split writes its (O, m, l) partial and the merge reads it back.
+    u.tiles +=
+        double(splits) * tile_in + tile_out + (splits > 1 ? 2.0 * double(splits) * double(rows) * (dvp + 2) * 4 : 0.0);
+    for (int64_t k = 0; k < nb; ++k) {
+      const int64_t j0 = std::max(u0, u1 - (nb - k) * bkv), j1 = u1 - (nb - 1 - k) * bkv;
+      const double nk = double(j1 - j0);
+      if (!head_mode) u.packing += nk * (kv_src + kv_packed);
+      for (int64_t r0 = 0; r0 < rows; r0 += kCpuPanelRows) {
+        const int64_t r1 = std::min(rows, r0 + kCpuPanelRows);
+        std::vector<int64_t> lo(static_cast<size_t>(r1 - r0)), hi(static_cast<size_t>(r1 - r0));
+        bool any = false;
+        for (int64_t r = r0; r < r1; ++r) {
+          lo[size_t(r - r0)] = std::clamp<int64_t>(vb[size_t(r)] - j0, 0, j1 - j0);
+          hi[size_t(r - r0)] = std::clamp<int64_t>(ve[size_t(r)] - j0, lo[size_t(r - r0)], j1 - j0);
+          any |= lo[size_t(r - r0)] < hi[size_t(r - r0)];
+        }
+        if (any) u.steps += cpu_flash_panel_l1(ks, l1, dp, dvp, nk, lo, hi, &u.v_block);
+      }
+    }
+  }
+  if (head_mode && union_end > union_begin) u.packing += double(union_end - union_begin) * (kv_src + kv_packed);
+  return u;
+}
+
+// ---- OpenBLAS sgemm at L1d-L2 -------------------------------------------------------------
+// GotoBLAS's loop nest (driver/level3/level3.c), column-major C (M x N) = A (M x K) B (K x N):
+// K in blocks of up to q (a remainder between q and 2q is halved), M in blocks of up to p
+// (likewise); per K block B is packed (read + written) in chunks that the kernel consumes at
+// once, per M block A is packed; the kernel computes kernel_m x kernel_n tiles with the
+// kernel_n-column B chunk held while the packed A block streams past it, so A crosses L1 once
+// per chunk of kernel_n columns unless A and the chunk fit together. Where one A micro-panel
+// and the B chunk do not fit in half of L1, the B chunk is read again for every micro-panel of
+// rows after the first. Later M blocks re-read the packed B; every K block reads C.
+struct GemmL1 {
+  double reads = 0, writes = 0;
+};
+
+std::vector<int64_t> gemm_blocks(int64_t n, int64_t cap, int64_t unroll) {
+  std::vector<int64_t> out;
+  for (int64_t x = 0; x < n;) {
+    int64_t m = n - x;
+    if (m >= 2 * cap)
+      m = cap;
+    else if (m > cap)
+      m = (m / 2 + unroll - 1) / unroll * unroll;
+    out.push_back(m);
+    x += m;
+  }
+  return out;
+}
+
+GemmL1 sgemm_l1(int64_t M, int64_t N, int64_t K, double l1, const GemmBlocking& g) {
+  GemmL1 t;
+  const double n = double(N);
+  for (int64_t kl : gemm_blocks(K, g.q, g.unroll)) {
+    const double kd = double(kl);
+    t.reads += double(M) * n * 4 + kd * n * 4;  // C, and B's source read by the packing
+    t.writes += kd * n * 4;                     // packed B
+    const std::vector<int64_t> mblocks = gemm_blocks(M, g.p, g.unroll);
+    for (int64_t mi : mblocks) {
+      const double a = double(mi) * kd * 4;
+      t.reads += a;   // A's source, read by the packing
+      t.writes += a;  // packed A
+      t.reads += a + double(g.kernel_n) * kd * 4 <= l1 ? a : a * std::ceil(n / double(g.kernel_n));
+      if (double(g.kernel_m + g.kernel_n) * kd * 4 > l1 / 2)
+        t.reads += std::max(0.0, std::ceil(double(mi) / double(g.kernel_m)) - 1) * kd * n * 4;
+    }
+    t.reads += double(mblocks.size() - 1) * kd * n * 4;
+  }
+  return t;
 }
 
 TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw, const StandardPasses& sp,
@@ -130,9 +375,10 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   const double kv_std_per_qhead = double(pr.batch) * double(pr.heads_q) * kv_head;
   const double kv_std_per_kvhead = double(pr.batch) * double(pr.heads_kv) * kv_head;
   // The baseline's per-head fp32 copies of Q, K, V and O (StandardPasses::staged_fp32_copies).
-  const double copy_head = sp.staged_fp32_copies ? 4.0 * double(pr.seqlen_q * (pr.head_dim + pr.head_dim_v) +
-                                                                pr.seqlen_k * (pr.head_dim + pr.head_dim_v))
-                                                 : 0.0;
+  const double copy_head =
+      sp.staged_fp32_copies
+          ? 4.0 * double(pr.seqlen_q * (pr.head_dim + pr.head_dim_v) + pr.seqlen_k * (pr.head_dim + pr.head_dim_v))
+          : 0.0;
   const double copies = double(pr.batch) * double(pr.heads_q) * copy_head;
   // A cold call's scratch crosses every outer boundary once, on the workers that get work.
   const double active = std::min<double>(workers, std::max<int64_t>(1, plan.work_items > 0 ? plan.work_items : 1));
@@ -146,10 +392,13 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   const double dvq = std::ceil(double(pr.head_dim_v) / panel_cols) * panel_cols;
   const double packed_row = (double(plan.head_dim_padded > 0 ? plan.head_dim_padded : pr.head_dim) + dvq) * 4.0;
   const double head_copy = double(w.kv_rows_union) * packed_row;
-  const double block_buffers = 2.0 * double(plan.block_kv) * packed_row;  // double-buffered K/V blocks
   const double tiles = units * double(w.q_blocks);
-  const bool head_mode = plan.kv_splits <= 1 && tiles >= 2 * units &&
-                         (workers == 1 || units >= 2 * workers) && head_copy <= double(int64_t(64) << 20);
+  const bool head_mode = plan.kv_splits <= 1 && tiles >= 2 * units && (workers == 1 || units >= 2 * workers) &&
+                         head_copy <= double(int64_t(64) << 20);
+  const bool decode = plan.rows_per_unit > 0 && plan.rows_per_unit <= cpu_decode_max_rows;
+  const CpuKernelShape ks = cpu_kernel_shape(hw);
+  const double unit_v_block =
+      decode ? 0.0 : cpu_flash_unit_l1(pr, plan, ks, double(hw.levels.front().size_bytes), head_mode).v_block;
   double prev_flash_kv = kv_streamed, prev_std_kv = kv_std_per_qhead;
   double best_share = 0;  // the largest per-worker share of the levels inside the current boundary
   for (size_t b = 0; b + 1 < hw.levels.size(); ++b) {
@@ -160,12 +409,16 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
     const double cap = shared_capacity(inner);
     double fr, fw;
     if (b == 0) {
-      const double per_unit_steps = double(w.steps);
-      const double avg_rows = w.steps > 0 ? double(w.kv_rows_sum) / double(w.steps) : 0.0;
-      fr = q_flash + units * per_unit_steps *
-                         (avg_rows * sz.kv_row + cpu_flash_scratch_step(plan, pr, hw, double(inner.size_bytes)));
+      if (decode) {
+        // Decode mode (DecodeRange) reads every K and V row of its split once, straight from
+        // the cache, and keeps the few query rows' Q, S^T and O in L1.
+        fr = q_flash + kv_streamed + partials / 2;
+      } else {
+        fr = units * cpu_flash_unit_l1(pr, plan, ks, double(inner.size_bytes), head_mode).total() - sz.o - partials / 2;
+      }
+      // The output (and the split partials) are the writes; every other fill is counted as a
+      // read, scratch included (its lines are filled, then read).
       fw = sz.o + sz.lse + partials / 2;
-      fr += partials / 2;
     } else {
       // The K/V slices of the units being processed concurrently (one per worker sharing this
       // level) stay here across the unit's query blocks if they fit next to each worker's
@@ -182,13 +435,43 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
         fw = sz.o + sz.lse + partials / 2;
       } else {
         // Head mode: the caller's K/V is read once per unit and written as one fp32 copy, which
-        // every query block then streams; the same "what the scratch leaves" rule says how much
-        // of the copy each block still finds here. The per-block buffers are not allocated.
-        const double ws = std::max(0.0, double(plan.working_set_bytes) - block_buffers);
-        const double left = std::max(0.0, cap / sharing - ws);
-        const double kept = head_copy > 0 ? std::min(1.0, left / head_copy) : 1.0;
+        // every query block then streams from its first key to its last. An LRU cache keeps a
+        // cyclically streamed copy only if all of it fits next to the tile's buffers; if not, each
+        // block reads all the keys it sees again (cachegrind: 4.2 passes over K and over V for 4
+        // blocks at S=1024, D=64, where the copy alone is the whole 512 KiB LL). The per-block
+        // buffers are not allocated.
+        // What a head-mode worker keeps besides the copy: the tile's Q^T and O, one panel's S^T
+        // (block_kv x 48 floats) and the running max and sum.
+        const double ws_dp = plan.head_dim_padded > 0 ? plan.head_dim_padded : double(pr.head_dim);
+        const double ws = 4.0 * (double(plan.block_q) * (ws_dp + std::ceil(double(pr.head_dim_v) / lanes_f) * lanes_f) +
+                                 double(plan.block_kv) * double(kCpuPanelRows)) +
+                          8.0 * double(plan.block_q);
+        const double kept = lru_kept_fraction(head_copy + ws, cap / sharing, opt.cache_ways, double(inner.line_bytes));
         fr = q_flash + kv_once + units * double(w.kv_rows_sum) * packed_row * (1.0 - kept) +
-             (opt.cold_scratch ? active * (ws + head_copy) : 0.0);
+             (opt.cold_scratch ? active * ws : 0.0);
+        // Within a block the V block stays for all the tile's panels unless its column chunks
+        // alias: at head_keys x 64 B a multiple of the way size (S = 1024 in a 512 KiB 8-way cache)
+        // all cc chunks of a key share one set, and with the rest of the tile's footprint there
+        // (K block, Q^T, O, S^T, spread evenly) a set overflows: the V block is read again by
+        // every panel (cachegrind: 13.8 MB of V at S=1024, D=128 against 3.7 MB per tile). What
+        // else the set holds between two panels' reads of a V line: the K block, and the panel's
+        // S^T, Q^T and O rows.
+        if (opt.cache_ways > 0) {
+          const double way_bytes = cap / double(opt.cache_ways);
+          const double cc = dvq / panel_cols, chunk = double(plan.block_kv) * panel_cols * 4;
+          const double alias = v_chunks_per_set(double(w.kv_rows_union) * panel_cols * 4, chunk, cc, way_bytes);
+          const double dp = plan.head_dim_padded > 0 ? plan.head_dim_padded : double(pr.head_dim);
+          const double others = double(plan.block_kv) * (dp + double(kCpuPanelRows)) * 4 +
+                                double(kCpuPanelRows) * (dp + double(pr.head_dim_v)) * 4;
+          const double lambda = others / double(inner.line_bytes) / (way_bytes / double(inner.line_bytes));
+          double fit = 0, term = std::exp(-lambda);
+          for (int k = 0; k <= opt.cache_ways - int(alias); ++k) {
+            fit += term;
+            term *= lambda / double(k + 1);
+          }
+          const double v_per_block = double(w.kv_rows_sum) * dvq * 4;
+          if (alias > 1) fr += units * std::max(0.0, unit_v_block - v_per_block) * (1.0 - std::min(1.0, fit));
+        }
         fw = sz.o + sz.lse + units * head_copy;
       }
       // A working set larger than this level's per-worker share spills: its per-step traffic
@@ -197,23 +480,12 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
       // (Neoverse V1: 1 MiB L2, 32 MiB L3 over 64 cores).
       best_share = std::max(best_share, cap / sharing);
       if (double(plan.working_set_bytes) > best_share) {
-        fr += units * double(w.steps) * cpu_flash_scratch_step(plan, pr, hw, best_share);
+        fr += units * cpu_flash_unit_l1(pr, plan, ks, best_share, head_mode).steps;
       }
     }
     // Standard: S of one head per worker; if those (and the head's K/V) fit this level, the S
     // passes stay inside it; K/V of a kv head is read once for its G q heads if it stays.
     const bool s_resident = sharing * (sz.s_head + kv_head + copy_head) <= cap;
-    // At L1d-L2 the two GEMMs also stream their L2-resident operand through L1 once per
-    // register-tile panel of the other (GotoBLAS blocking), as the flash kernel's tiles do.
-    double gemm_l1 = 0;
-    if (b == 0) {
-      const double sq = double(pr.seqlen_q), sk = double(pr.seqlen_k), d = double(pr.head_dim), dv = double(pr.head_dim_v);
-      const double rr = std::max(1, plan.reg_rows), rc = std::max(1, plan.reg_cols);
-      auto gemm = [&](double m, double n, double k) {
-        return 4.0 * std::min(m * k * std::ceil(n / rc) + k * n, k * n * std::ceil(m / rr) + m * k);
-      };
-      gemm_l1 = double(pr.batch) * double(pr.heads_q) * (gemm(sq, sk, d) + gemm(sq, dv, sk));
-    }
     const double s_reads = s_resident ? 0.0 : sp.s_reads * sz.s_fp32;
     const double s_writes = s_resident ? 0.0 : sp.s_writes * sz.s_fp32;
     const bool kv_resident = sharing * kv_head <= cap;
@@ -224,8 +496,25 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
     // fills S and the copies on first touch where they do stay.
     const double copies_crossing = s_resident ? (opt.cold_scratch ? sharing * copy_head : 0.0) : copies;
     const double s_first_touch = s_resident && opt.cold_scratch ? sharing * sz.s_head : 0.0;
-    set(&bt, fr, fw, sz.q + kv_std + s_reads + gemm_l1 + copies_crossing,
-        sz.o + sz.lse + s_writes + copies_crossing + s_first_touch);
+    if (b == 0) {
+      // L1d-L2 holds no head's S: the baseline's own loop nest, per (batch, q head). Its compulsory
+      // Q, K, V reads and O writes in the storage type; the fp32 staging copies written and the O
+      // copy read back; the two beta = 0 zeroing passes (S, and O for the P V sgemm); the softmax's
+      // read of S; and each sgemm's traffic (sgemm_l1: C, packing, the kernel's streams), which
+      // includes the Q K^T accumulation pass over S and the P V sgemm's read of P.
+      const int64_t sq = pr.seqlen_q, sk = pr.seqlen_k, d = pr.head_dim, dv = pr.head_dim_v;
+      const double l1 = double(inner.size_bytes);
+      const GemmL1 g1 = sgemm_l1(sk, sq, d, l1, sp.gemm), g2 = sgemm_l1(dv, sq, sk, l1, sp.gemm);
+      const double heads = double(pr.batch) * double(pr.heads_q);
+      const double staged_w = sp.staged_fp32_copies ? 4.0 * double(sq * d + sk * (d + dv)) : 0.0;
+      const double staged_r = sp.staged_fp32_copies ? 4.0 * double(sq * dv) : 0.0;
+      const double beta = 4.0 * double(sq * sk + sq * dv);
+      set(&bt, fr, fw, sz.q + kv_std_per_qhead + heads * (staged_r + double(sq * sk) * 4 + g1.reads + g2.reads),
+          sz.o + sz.lse + heads * (staged_w + beta + g1.writes + g2.writes));
+    } else {
+      set(&bt, fr, fw, sz.q + kv_std + s_reads + copies_crossing,
+          sz.o + sz.lse + s_writes + copies_crossing + s_first_touch);
+    }
     rep.levels.push_back(bt);
   }
   return rep;
@@ -239,7 +528,8 @@ TrafficReport gpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   const double splits = std::max(1, plan.kv_splits);
   const double units = double(pr.batch) * double(pr.heads_q) * splits;  // one K/V stream each
   const double q_flash = sz.q * splits;
-  const double partials = splits > 1 ? 2.0 * double(pr.batch * pr.heads_q * pr.seqlen_q) * splits * (double(pr.head_dim_v) + 2) * 4 : 0.0;
+  const double partials =
+      splits > 1 ? 2.0 * double(pr.batch * pr.heads_q * pr.seqlen_q) * splits * (double(pr.head_dim_v) + 2) * 4 : 0.0;
   const double kv_per_cta_sum = double(pr.batch * pr.heads_q) * double(w.kv_rows_sum) * sz.kv_row;
   const double kv_unit = double(w.kv_rows_union) * sz.kv_row / splits;
   const double kv_once = units * kv_unit;
@@ -252,9 +542,9 @@ TrafficReport gpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   const double bh = double(pr.batch * pr.heads_q);
   const double tiles_q = std::ceil(double(pr.seqlen_q) / 128), tiles_k = std::ceil(double(pr.seqlen_k) / 128);
   const double eb = dtype_bytes(pr.dtype), kb = dtype_bytes(pr.kv_dtype);
-  const double gemm_reads = bh * (double(pr.seqlen_q) * pr.head_dim * eb * tiles_k +
-                                  double(pr.seqlen_k) * pr.head_dim * kb * tiles_q +
-                                  double(pr.seqlen_k) * pr.head_dim_v * kb * tiles_q);
+  const double gemm_reads =
+      bh * (double(pr.seqlen_q) * pr.head_dim * eb * tiles_k + double(pr.seqlen_k) * pr.head_dim * kb * tiles_q +
+            double(pr.seqlen_k) * pr.head_dim_v * kb * tiles_q);
   set(&inner, q_flash + kv_per_cta_sum + partials / 2, sz.o + sz.lse + partials / 2,
       gemm_reads + sp.s_reads * sz.s_fp32, sz.o + sz.lse + sp.s_writes * sz.s_fp32);
   rep.levels.push_back(inner);
@@ -286,7 +576,8 @@ TrafficReport gpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
     auto first_blocks_rows = [&](int64_t nblocks) {
       const int64_t last = std::min(pr.seqlen_q, nblocks * bq) - 1;
       const int64_t begin = visible_keys(0, pr.seqlen_q, pr.seqlen_k, pr.window_left, right).begin / bkv * bkv;
-      const int64_t end = std::min(pr.seqlen_k, ceil_div(visible_keys(last, pr.seqlen_q, pr.seqlen_k, pr.window_left, right).end, bkv) * bkv);
+      const int64_t end = std::min(
+          pr.seqlen_k, ceil_div(visible_keys(last, pr.seqlen_q, pr.seqlen_k, pr.window_left, right).end, bkv) * bkv);
       return double(std::max<int64_t>(0, end - begin));
     };
     double reread_rows = 0;
@@ -367,8 +658,9 @@ TrafficReport predict_traffic(const Problem& pr, const Plan& plan, const Hardwar
 
 TrafficReport predict_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw,
                               const StandardPasses& standard, const TrafficOptions& options) {
-  TrafficReport rep = hw.kind == DeviceKind::gpu && hw.levels.size() >= 3 ? gpu_traffic(pr, plan, hw, standard)
-                                                                          : cpu_traffic(pr, plan, hw, standard, options);
+  TrafficReport rep = hw.kind == DeviceKind::gpu && hw.levels.size() >= 3
+                          ? gpu_traffic(pr, plan, hw, standard)
+                          : cpu_traffic(pr, plan, hw, standard, options);
   rep.hardware = hw.name;
   if (!rep.levels.empty()) {
     rep.flash_dram_bytes = rep.levels.back().flash_bytes;
@@ -376,7 +668,8 @@ TrafficReport predict_traffic(const Problem& pr, const Plan& plan, const Hardwar
   }
   rep.flops = forward_flops(pr);
   double peak_gflops = hw.fma_gflops_per_core * hw.cores;
-  if (hw.kind == DeviceKind::gpu && pr.dtype != DType::f32 && hw.tensor_tflops > 0) peak_gflops = hw.tensor_tflops * 1e3;
+  if (hw.kind == DeviceKind::gpu && pr.dtype != DType::f32 && hw.tensor_tflops > 0)
+    peak_gflops = hw.tensor_tflops * 1e3;
   const double bw = hw.dram().bandwidth_gbs * 1e9;
   const double compute_s = peak_gflops > 0 ? rep.flops / (peak_gflops * 1e9) : 0.0;
   rep.flash_roofline_s = std::max(compute_s, bw > 0 ? rep.flash_dram_bytes / bw : 0.0);

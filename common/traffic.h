@@ -30,6 +30,19 @@ struct TrafficReport {
   double flash_roofline_s = 0, standard_roofline_s = 0;
 };
 
+// How the CPU baseline's sgemm blocks its loops (GotoBLAS: driver/level3/level3.c), for the L1d-L2
+// traffic of the two GEMMs. The defaults are OpenBLAS 0.3.21's single-precision values on Zen and
+// Haswell, read at run time from its DYNAMIC_ARCH table (gotoblas_ZEN: sgemm_p = sgemm_q = 320,
+// unroll_m = 8), and the tile of its sgemm_kernel_HASWELL (16 rows x 12 columns per step, from
+// the disassembly: 16 floats of packed A and a 12-column B panel per k).
+struct GemmBlocking {
+  int64_t p = 320;        // rows of A packed per block (GEMM_P)
+  int64_t q = 320;        // depth of a packed block (GEMM_Q)
+  int64_t unroll = 8;     // packing granularity of rows (GEMM_UNROLL_M): remainder blocks round to it
+  int64_t kernel_m = 16;  // rows of the micro-kernel's tile
+  int64_t kernel_n = 12;  // columns of the micro-kernel's tile: the B chunk held while A streams
+};
+
 // What standard attention does with the score matrix S, in units of one fp32 S (B*Hq*Sq*Sk*4
 // bytes) moved per pass over it.
 struct StandardPasses {
@@ -41,6 +54,7 @@ struct StandardPasses {
   // project's baseline does (bench/lib/standard_attention.cc). Where S does not stay in a level,
   // its passes evict the copies between their write and their read, so each copy crosses twice.
   bool staged_fp32_copies = false;
+  GemmBlocking gemm;  // CPU: the sgemm's blocking, for its L1d-L2 traffic
 };
 
 // How a run starts. The default is the steady state of repeated calls: scratch memory is warm.
@@ -49,6 +63,10 @@ struct TrafficOptions {
   // allocated and its first touch fills it from memory, as in one cold call (and as a cache
   // simulator counts it, docs/traffic.md).
   bool cold_scratch = false;
+  // Associativity of the CPU caches, for the reuse of a footprint near a level's capacity and for
+  // set aliasing (the hardware profiles record sizes only). 8: zen3's L1d and L2, and what the
+  // cachegrind comparison simulates; 0 treats every level as fully associative.
+  int cache_ways = 8;
 };
 
 // The project's CPU baseline (bench/lib/standard_attention.cc) counted in the lines it brings

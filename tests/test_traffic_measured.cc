@@ -25,63 +25,25 @@ std::string samples_dir() {
 // (point name, boundary) pairs where the model is known to miss the bar: see docs/traffic.md,
 // "Where the model misses".
 const std::set<std::string> kKnownMisses = {
-    // L1d-L2 of the flash kernel (all points): the model's per-step L1 rules describe whole-tile S^T
-    // blocks; the kernel at 033fcc4 works in 48-row panels whose S^T stays in L1 (model 10-80% high;
-    // 49% low at S=256, D=64).
-    "flash h1_s1000_d128_f32 L1d-L2",
-    "flash h1_s1024_d128_f32 L1d-L2",
-    "flash h1_s1024_d128_f32 causal L1d-L2",
-    "flash h1_s1024_d64_f32 L1d-L2",
-    "flash h1_s1024_d64_f32 causal L1d-L2",
-    "flash h1_s2048_d64_f32 L1d-L2",
-    "flash h1_s2048_d64_f32 causal L1d-L2",
+    // L1d-L2 of the flash kernel where a footprint sits at the L1's capacity: at S=256, D=64 one
+    // 6-row group's V chunk and S^T lines are exactly 32 KiB (the model's LRU rule says all of it is
+    // read again per group, cachegrind's 8-way sets keep part); at S=256, D=128 the O rows of a
+    // panel (512 B apart) crowd 8 of the 64 sets, so part of S^T is lost although the panel fits.
+    "flash h1_s256_d64_f32 causal L1d-L2",
     "flash h1_s256_d128_f32 L1d-L2",
-    "flash h1_s256_d128_f32 causal L1d-L2",
-    "flash h1_s256_d64_f32 L1d-L2",
-    "flash h1_s512_d128_f32 L1d-L2",
-    "flash h1_s512_d128_f32 causal L1d-L2",
-    "flash h1_s512_d64_bf16 L1d-L2",
-    "flash h1_s512_d64_bf16 causal L1d-L2",
-    "flash h1_s512_d64_f32 L1d-L2",
-    "flash h1_s512_d64_f32 causal L1d-L2",
-    "flash h2_s512_d64_f32 L1d-L2",
-    "flash h2_s512_d64_f32 causal L1d-L2",
-    // L2-beyond of the flash kernel in head mode at D=128, bf16 and H=2: the fp32 V copy is laid out in
-    // 16-column panels head_keys x 64 B apart, a multiple of the LL's 64 KiB set period at these
-    // lengths, so a block's V panels conflict in the same sets (S=1000 moves 1.9x less than S=1024).
-    // The model counts capacity, not associativity.
-    "flash h1_s1000_d128_f32 L2-beyond",
+    // L2-beyond of the flash kernel's head mode where the LL's sets, not its capacity, decide: the
+    // V copy's column chunks alias (S=1024, D=128: 8 chunks 64 KiB apart in one set) and the K
+    // block's lines in those sets are lost with them; at S=512, D=128 and H=2 the copy and the
+    // tile's buffers fill the LL to 80-100% and the random-placement estimate keeps too much.
     "flash h1_s1024_d128_f32 L2-beyond",
     "flash h1_s1024_d128_f32 causal L2-beyond",
-    "flash h1_s256_d128_f32 L2-beyond",
     "flash h1_s512_d128_f32 L2-beyond",
-    "flash h1_s512_d128_f32 causal L2-beyond",
-    "flash h1_s512_d64_bf16 L2-beyond",
-    "flash h1_s512_d64_bf16 causal L2-beyond",
     "flash h2_s512_d64_f32 L2-beyond",
     "flash h2_s512_d64_f32 causal L2-beyond",
-    // L1d-L2 of OpenBLAS's sgemm (all points): its 16x4 packed micro-panels and packing copies move
-    // 1.4-1.5x the model's register-panel rule.
-    "standard h1_s1024_d128_f32 L1d-L2",
-    "standard h1_s1024_d128_f32 causal L1d-L2",
-    "standard h1_s1024_d64_f32 L1d-L2",
-    "standard h1_s1024_d64_f32 causal L1d-L2",
-    "standard h1_s2048_d64_f32 L1d-L2",
-    "standard h1_s2048_d64_f32 causal L1d-L2",
-    "standard h1_s256_d128_f32 L1d-L2",
-    "standard h1_s256_d128_f32 causal L1d-L2",
-    "standard h1_s256_d64_f32 L1d-L2",
-    "standard h1_s256_d64_f32 causal L1d-L2",
-    "standard h1_s512_d128_f32 L1d-L2",
-    "standard h1_s512_d128_f32 causal L1d-L2",
-    "standard h1_s512_d64_bf16 L1d-L2",
-    "standard h1_s512_d64_bf16 causal L1d-L2",
-    "standard h1_s512_d64_f32 L1d-L2",
-    "standard h1_s512_d64_f32 causal L1d-L2",
-    "standard h2_s512_d64_f32 L1d-L2",
-    "standard h2_s512_d64_f32 causal L1d-L2",
-    // L2-beyond of the baseline where S is 1-2x the LL: partial residency of S, the copies and
-    // OpenBLAS's packing buffers (all-or-nothing in the model).
+    // L2-beyond of the baseline where S is 1-2x the LL (S=1000-1024, D=128; S=256, D=64 holds
+    // S, the copies and OpenBLAS's packed blocks only in part): all-or-nothing residency of S.
+    "standard h1_s1000_d128_f32 L2-beyond",
+    "standard h1_s1000_d128_f32 causal L2-beyond",
     "standard h1_s1024_d128_f32 L2-beyond",
     "standard h1_s1024_d128_f32 causal L2-beyond",
     "standard h1_s256_d64_f32 L2-beyond",
@@ -184,8 +146,10 @@ TEST_CASE("the model is within 15% of the recorded CPU cachegrind samples", "[tr
       const std::string key = p.name + " " + c.boundary;
       INFO(key << ": predicted " << c.predicted << " measured " << c.measured << " error " << c.error());
       REQUIRE(c.measured > 0);
-      if (kKnownMisses.count(key)) CHECK(std::fabs(c.error()) > kBar);
-      else CHECK(std::fabs(c.error()) <= kBar);
+      if (kKnownMisses.count(key))
+        CHECK(std::fabs(c.error()) > kBar);
+      else
+        CHECK(std::fabs(c.error()) <= kBar);
     }
   }
 }
@@ -202,8 +166,10 @@ TEST_CASE("the model is within 15% of the recorded GPU Nsight Compute samples", 
       const std::string key = g.name + " " + c.boundary;
       INFO(key << ": predicted " << c.predicted << " measured " << c.measured << " error " << c.error());
       REQUIRE(c.measured > 0);
-      if (kKnownMisses.count(key)) CHECK(std::fabs(c.error()) > kBar);
-      else CHECK(std::fabs(c.error()) <= kBar);
+      if (kKnownMisses.count(key))
+        CHECK(std::fabs(c.error()) > kBar);
+      else
+        CHECK(std::fabs(c.error()) <= kBar);
     }
   }
 }

@@ -77,6 +77,7 @@ struct CachegrindCounts {
   double d1_read_misses = 0, d1_write_misses = 0;
   double lld_read_misses = 0, lld_write_misses = 0;
   int64_t d1_bytes = 0, ll_bytes = 0, line = 0;  // simulated geometry, from the command line
+  int64_t ways = 0;                              // associativity (D1's and LL's must agree)
 };
 
 inline bool parse_cachegrind_line(const std::string& text, const std::string& label, double* rd, double* wr) {
@@ -109,19 +110,22 @@ inline bool parse_cachegrind(const std::string& text, CachegrindCounts* c, std::
     *error = "no 'ioattn-cachegrind D1=... LL=...' geometry line";
     return false;
   }
-  auto geometry = [](const std::string& s, int64_t* size, int64_t* line) {
+  auto geometry = [](const std::string& s, int64_t* size, int64_t* ways, int64_t* line) {
     long long a = 0, b = 0, l = 0;
     if (std::sscanf(s.c_str(), "%lld,%lld,%lld", &a, &b, &l) != 3 || a <= 0 || b <= 0 || l <= 0) return false;
     *size = a;
+    *ways = b;
     *line = l;
     return true;
   };
-  int64_t l1_line = 0, ll_line = 0;
-  if (!geometry(g["D1"], &c->d1_bytes, &l1_line) || !geometry(g["LL"], &c->ll_bytes, &ll_line) || l1_line != ll_line) {
+  int64_t l1_line = 0, ll_line = 0, l1_ways = 0, ll_ways = 0;
+  if (!geometry(g["D1"], &c->d1_bytes, &l1_ways, &l1_line) || !geometry(g["LL"], &c->ll_bytes, &ll_ways, &ll_line) ||
+      l1_line != ll_line || l1_ways != ll_ways) {
     *error = "malformed cache geometry '" + g["D1"] + "' / '" + g["LL"] + "'";
     return false;
   }
   c->line = l1_line;
+  c->ways = l1_ways;
   return true;
 }
 
@@ -158,8 +162,8 @@ struct CpuPoint {
   Problem problem;
   Plan plan;
   int simd_bits = 256;
-  int64_t l1_bytes = 0, l2_bytes = 0, line = 64;
-  double measured_l1_l2 = 0;     // (D1 read + write misses) x line
+  int64_t l1_bytes = 0, l2_bytes = 0, line = 64, ways = 8;
+  double measured_l1_l2 = 0;      // (D1 read + write misses) x line
   double measured_l2_beyond = 0;  // (LLd read + write misses) x line
 };
 
@@ -175,9 +179,12 @@ inline bool make_problem_plan(const Fields& f, Problem* pr, Plan* plan, int* sim
     return false;
   const std::string dt = f.count("dtype") ? f.at("dtype") : "";
   DType t;
-  if (dt == "f32") t = DType::f32;
-  else if (dt == "bf16") t = DType::bf16;
-  else if (dt == "f16") t = DType::f16;
+  if (dt == "f32")
+    t = DType::f32;
+  else if (dt == "bf16")
+    t = DType::bf16;
+  else if (dt == "f16")
+    t = DType::f16;
   else {
     *error = "unknown dtype '" + dt + "'";
     return false;
@@ -235,6 +242,7 @@ inline bool cpu_points(const std::vector<CpuRun>& runs, std::vector<CpuPoint>* o
     p.l1_bytes = k.d1_bytes;
     p.l2_bytes = k.ll_bytes;
     p.line = k.line;
+    p.ways = k.ways;
     p.measured_l1_l2 = double(k.line) * (k.d1_read_misses + k.d1_write_misses - n.d1_read_misses - n.d1_write_misses);
     p.measured_l2_beyond =
         double(k.line) * (k.lld_read_misses + k.lld_write_misses - n.lld_read_misses - n.lld_write_misses);
@@ -277,6 +285,7 @@ inline std::vector<Comparison> compare_cpu(const CpuPoint& p) {
   // written line being filled first (write-allocate); the driver's forward is one cold call.
   TrafficOptions cold;
   cold.cold_scratch = true;
+  cold.cache_ways = int(p.ways);
   const TrafficReport rep = predict_traffic(p.problem, p.plan, hw, cpu_baseline_passes(), cold);
   const bool flash = p.kernel == "flash";
   auto bytes = [&](size_t i) { return flash ? rep.levels[i].flash_bytes : rep.levels[i].standard_bytes; };
@@ -327,7 +336,7 @@ inline bool load_cpu_points(const std::string& dir, std::vector<CpuPoint>* out, 
 struct GpuPoint {
   std::string file, name, impl;  // impl: "ioattn", "fa2" (PyTorch's FlashAttention-2), "math"
   Problem problem;
-  GpuTile tile{0, 0, 0, 0, false};  // the measured kernel's tile, when the sample names it
+  GpuTile tile{0, 0, 0, 0, false};                      // the measured kernel's tile, when the sample names it
   double dram_read = 0, dram_write = 0, l2_bytes = -1;  // l2_bytes < 0: not measured
 };
 
@@ -336,20 +345,22 @@ inline std::vector<std::string> split_csv(const std::string& line) {
   std::string cur;
   bool quoted = false;
   for (char c : line) {
-    if (c == '"') quoted = !quoted;
+    if (c == '"')
+      quoted = !quoted;
     else if (c == ',' && !quoted) {
       cells.push_back(cur);
       cur.clear();
-    } else cur += c;
+    } else
+      cur += c;
   }
   cells.push_back(cur);
   return cells;
 }
 
 inline bool unit_scale(const std::string& unit, double* scale) {
-  static const std::map<std::string, double> units = {
-      {"byte", 1.0}, {"Kbyte", 1e3}, {"Mbyte", 1e6}, {"Gbyte", 1e9}, {"Tbyte", 1e12},
-      {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1.0}};
+  static const std::map<std::string, double> units = {{"byte", 1.0},  {"Kbyte", 1e3},  {"Mbyte", 1e6},
+                                                      {"Gbyte", 1e9}, {"Tbyte", 1e12}, {"KB", 1e3},
+                                                      {"MB", 1e6},    {"GB", 1e9},     {"B", 1.0}};
   const auto it = units.find(unit);
   if (it == units.end()) return false;
   *scale = it->second;
@@ -380,8 +391,10 @@ inline bool parse_ncu_csv(const std::string& text, double* read, double* write, 
     for (int m = 0; m < 3; ++m) {
       if (cells[size_t(name_col)] != metrics[m]) continue;
       double scale = 0, v = 0;
-      if (!unit_scale(cells[size_t(unit_col)], &scale) || !parse_grouped(cells[size_t(value_col)].substr(0, cells[size_t(value_col)].find('.')), &v)) {
-        *error = std::string("unreadable value '") + cells[size_t(value_col)] + "' '" + cells[size_t(unit_col)] + "' of " + metrics[m];
+      if (!unit_scale(cells[size_t(unit_col)], &scale) ||
+          !parse_grouped(cells[size_t(value_col)].substr(0, cells[size_t(value_col)].find('.')), &v)) {
+        *error = std::string("unreadable value '") + cells[size_t(value_col)] + "' '" + cells[size_t(unit_col)] +
+                 "' of " + metrics[m];
         return false;
       }
       const std::string& val = cells[size_t(value_col)];

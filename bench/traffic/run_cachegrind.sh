@@ -4,6 +4,7 @@
 #   bench/traffic/run_cachegrind.sh BUILD_DIR [GRID_FILE]
 # GRID_FILE lines: "heads seqlen dim dtype" (default: the grid below). Every shape also gets a
 # `none` run, which the parsers subtract. Two runs at a time (the machine has 2 cores).
+# CG_OUT_DIR=DIR keeps each run's cachegrind.out there, for per-function misses (cg_annotate).
 set -euo pipefail
 build=${1:?usage: run_cachegrind.sh BUILD_DIR [GRID_FILE]}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -39,13 +40,13 @@ run_one() {
   {
     echo "ioattn-cachegrind D1=$D1 LL=$LL valgrind=$(valgrind --version) date=$(date -u +%FT%TZ)"
     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 valgrind --tool=cachegrind --cache-sim=yes --D1=$D1 --LL=$LL \
-      --cachegrind-out-file=/dev/null "$driver" --kernel "$k" --heads "$h" --seqlen "$s" --dim "$d" \
+      --cachegrind-out-file="${CG_OUT_DIR:-/dev/null}${CG_OUT_DIR:+/$name.out}" "$driver" --kernel "$k" --heads "$h" --seqlen "$s" --dim "$d" \
       --dtype "$t" "${flags[@]}" 2>&1
   } >"$out/$name.txt.tmp"
   mv "$out/$name.txt.tmp" "$out/$name.txt"
   echo "$name done"
 }
 export -f run_one
-export D1 LL driver out
+export D1 LL driver out CG_OUT_DIR
 xargs -P 2 -L 1 bash -c 'run_one "$@"' _ <"$jobs_file"
 rm -f "$jobs_file"
