@@ -54,27 +54,43 @@ struct DeviceState {
   cudaMemPool_t pool = nullptr;
 };
 
-const DeviceState* device_state() {
+// A failed runtime call also leaves its error as the thread's last error, which the next launch
+// check (ours or the caller's) would report as its own: consume it with the report.
+Status cuda_failure(const std::string& what, cudaError_t err) {
+  cudaGetLastError();
+  return Status::backend("backend=CUDA: " + what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+}
+
+Status device_state(const DeviceState** out) {
   static std::mutex mutex;
   static std::vector<std::unique_ptr<DeviceState>> states;
+  *out = nullptr;
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return nullptr;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return cuda_failure("setting up the split-KV decode: cudaGetDevice", err);
   std::lock_guard<std::mutex> lock(mutex);
   if (size_t(device) >= states.size()) states.resize(size_t(device) + 1);
   if (!states[size_t(device)]) {
     auto st = std::make_unique<DeviceState>();
-    if (!query_cuda_device(&st->hw)) return nullptr;
+    if (!query_cuda_device(&st->hw))
+      return Status::backend("backend=CUDA: setting up the split-KV decode: querying the properties of device " +
+                             std::to_string(device) + " failed");
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = device;
     uint64_t keep = kPoolKeepBytes;
-    if (cudaMemPoolCreate(&st->pool, &props) != cudaSuccess ||
-        cudaMemPoolSetAttribute(st->pool, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess)
-      return nullptr;
+    err = cudaMemPoolCreate(&st->pool, &props);
+    if (err != cudaSuccess) return cuda_failure("setting up the split-KV decode: cudaMemPoolCreate", err);
+    err = cudaMemPoolSetAttribute(st->pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    if (err != cudaSuccess) {
+      cudaMemPoolDestroy(st->pool);
+      return cuda_failure("setting up the split-KV decode: cudaMemPoolSetAttribute", err);
+    }
     states[size_t(device)] = std::move(st);
   }
-  return states[size_t(device)].get();
+  *out = states[size_t(device)].get();
+  return Status::ok();
 }
 
 decode::Partials partials_of(const AttnParams& p, int splits, void* scratch) {
@@ -87,6 +103,17 @@ decode::Partials partials_of(const AttnParams& p, int splits, void* scratch) {
     part.l = part.m + rows;
   }
   return part;
+}
+
+template <class Elem>
+cudaError_t prepare_split(const AttnParams& p) {
+  switch (p.head_dim) {
+    case 64: return decode::prepare_decode<Elem, 64>();
+    case 96: return decode::prepare_decode<Elem, 96>();
+    case 128: return decode::prepare_decode<Elem, 128>();
+    case 256: return decode::prepare_decode<Elem, 256>();
+  }
+  return cudaErrorInvalidValue;
 }
 
 template <class Elem>
@@ -141,10 +168,18 @@ template cudaError_t launch_merge<__half>(const AttnParams&, const Partials&);
 template cudaError_t launch_merge<__nv_bfloat16>(const AttnParams&, const Partials&);
 }  // namespace decode
 
-int decode_splits(const AttnParams& p) {
-  const DeviceState* st = device_state();
-  if (!st) return 1;
-  return std::max(1, plan_gpu(problem_of(p), st->hw).kv_splits);
+Status decode_prepare(const AttnParams& p, int* splits) {
+  *splits = 1;
+  const DeviceState* st = nullptr;
+  Status s = device_state(&st);
+  if (!s.is_ok()) return s;
+  const bool bf16 = p.io_dtype == DType::bf16;
+  const cudaError_t err = bf16 ? prepare_split<__nv_bfloat16>(p) : prepare_split<__half>(p);
+  if (err != cudaSuccess)
+    return cuda_failure(
+        "granting the split-KV decode kernel its shared memory (head_dim=" + std::to_string(p.head_dim) + ")", err);
+  *splits = std::max(1, plan_gpu(problem_of(p), st->hw).kv_splits);
+  return Status::ok();
 }
 
 size_t decode_partials_bytes(const AttnParams& p, int splits) {
@@ -155,14 +190,13 @@ Status device_scratch_alloc(size_t bytes, void* stream, const char* what, void**
   *out = nullptr;
   const std::string size = std::to_string(bytes) + " bytes of device memory for " + what;
   if (injected_failure()) return Status::backend("backend=CUDA: allocating " + size + ": injected failure (test hook)");
-  const DeviceState* st = device_state();
-  if (!st)
-    return Status::backend("backend=CUDA: allocating " + size + ": the device's memory pool could not be set up");
+  const DeviceState* st = nullptr;
+  const Status s = device_state(&st);
+  if (!s.is_ok()) return s;
   const cudaError_t err = cudaMallocFromPoolAsync(out, bytes, st->pool, static_cast<cudaStream_t>(stream));
   if (err != cudaSuccess) {
     *out = nullptr;
-    return Status::backend("backend=CUDA: allocating " + size + ": " + cudaGetErrorName(err) + " (" +
-                           cudaGetErrorString(err) + ")");
+    return cuda_failure("allocating " + size, err);
   }
   return Status::ok();
 }
@@ -178,9 +212,9 @@ Status decode_forward(const AttnParams& p, int splits, void* partials) {
   if (err == cudaSuccess && splits > 1)
     err = bf16 ? decode::launch_merge<__nv_bfloat16>(p, part) : decode::launch_merge<__half>(p, part);
   if (err != cudaSuccess)
-    return Status::backend(std::string("backend=CUDA: launching the split-KV decode (head_dim=") +
-                           std::to_string(p.head_dim) + ", " + std::to_string(splits) +
-                           " splits): " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+    return cuda_failure("launching the split-KV decode (head_dim=" + std::to_string(p.head_dim) + ", " +
+                            std::to_string(splits) + " splits)",
+                        err);
   return Status::ok();
 }
 

@@ -313,15 +313,19 @@ __global__ void __launch_bounds__(DecodeShape<D>::threads, DecodeShape<D>::min_c
 }
 
 template <class Elem, int D>
-cudaError_t launch_decode_tile(const AttnParams& p, const Partials& part) {
+cudaError_t prepare_decode_tile() {
   using Shape = DecodeShape<D>;
   static_assert(Shape::smem_bytes == decode_smem_bytes(D), "shared-memory size disagrees with the table");
-  auto kernel = decode_kernel<Elem, D>;
   // Per call rather than once: the attribute belongs to the current device's context.
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Shape::smem_bytes));
-  if (err != cudaSuccess) return err;
+  return cudaFuncSetAttribute(decode_kernel<Elem, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              int(Shape::smem_bytes));
+}
+
+template <class Elem, int D>
+cudaError_t launch_decode_tile(const AttnParams& p, const Partials& part) {
+  using Shape = DecodeShape<D>;
   const dim3 grid(unsigned(part.splits), unsigned(p.heads_kv), unsigned(p.batch));
-  kernel<<<grid, Shape::threads, Shape::smem_bytes, static_cast<cudaStream_t>(p.stream)>>>(p, part);
+  decode_kernel<Elem, D><<<grid, Shape::threads, Shape::smem_bytes, static_cast<cudaStream_t>(p.stream)>>>(p, part);
   return cudaGetLastError();
 }
 

@@ -9,17 +9,20 @@
 
 namespace ioattn::gpu {
 
-// Key splits the decode kernel uses for p on the current device: plan_gpu's kv_splits, which
-// depends only on the problem and the device's SM count.
-int decode_splits(const AttnParams& p);
+// Everything the decode path does on the host that can fail, done before anything is written
+// (the KV-cache append included): the device's state (profile, memory pool), the kernel's shared
+// memory attribute, and *splits, plan_gpu's kv_splits for p on the current device, which depends
+// only on the problem and the device's SM count. Errors come back as IOATTN_ERROR_BACKEND with
+// no CUDA error left pending.
+Status decode_prepare(const AttnParams& p, int* splits);
 
 // Device memory for the split partials, stream-ordered on `stream`. On failure (real or
 // injected) returns IOATTN_ERROR_BACKEND naming `what` and the size, and *out is null.
 Status device_scratch_alloc(size_t bytes, void* stream, const char* what, void** out);
 void device_scratch_free(void* ptr, void* stream);
 
-// Attends p with the decode kernel on p.stream; `partials` holds decode_partials_bytes(p, splits)
-// bytes when splits > 1 (unused otherwise).
+// Attends p with the decode kernel on p.stream, after decode_prepare; `partials` holds
+// decode_partials_bytes(p, splits) bytes when splits > 1 (unused otherwise).
 Status decode_forward(const AttnParams& p, int splits, void* partials);
 size_t decode_partials_bytes(const AttnParams& p, int splits);
 

@@ -7,8 +7,16 @@
 namespace ioattn::gpu::decode {
 
 template <>
+cudaError_t prepare_decode<__nv_bfloat16, 256>() {
+  return prepare_decode_tile<__nv_bfloat16, 256>();
+}
+template <>
 cudaError_t launch_decode<__nv_bfloat16, 256>(const AttnParams& p, const Partials& part) {
   return launch_decode_tile<__nv_bfloat16, 256>(p, part);
+}
+template <>
+cudaError_t prepare_decode<__half, 256>() {
+  return prepare_decode_tile<__half, 256>();
 }
 template <>
 cudaError_t launch_decode<__half, 256>(const AttnParams& p, const Partials& part) {

@@ -7,8 +7,16 @@
 namespace ioattn::gpu::decode {
 
 template <>
+cudaError_t prepare_decode<__nv_bfloat16, 64>() {
+  return prepare_decode_tile<__nv_bfloat16, 64>();
+}
+template <>
 cudaError_t launch_decode<__nv_bfloat16, 64>(const AttnParams& p, const Partials& part) {
   return launch_decode_tile<__nv_bfloat16, 64>(p, part);
+}
+template <>
+cudaError_t prepare_decode<__half, 64>() {
+  return prepare_decode_tile<__half, 64>();
 }
 template <>
 cudaError_t launch_decode<__half, 64>(const AttnParams& p, const Partials& part) {

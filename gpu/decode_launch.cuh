@@ -28,8 +28,13 @@ inline int64_t partial_rows(const AttnParams& p, int splits) {
 // Shared memory of the head dim's decode tile, from the table.
 constexpr int64_t decode_smem_bytes(int head_dim) { return gpu_tile_smem_bytes(gpu_decode_tile(head_dim), head_dim); }
 
-// Launches the split kernel on p.stream: with part.splits == 1 it writes out and lse, else the
-// partials. Elem is __half or __nv_bfloat16.
+// Grants the split kernel its shared memory on the current device; called before the KV-cache
+// append, so that a failure leaves the cache as it was.
+template <class Elem, int D>
+cudaError_t prepare_decode();
+
+// Launches the split kernel on p.stream (prepare_decode first): with part.splits == 1 it writes
+// out and lse, else the partials. Elem is __half or __nv_bfloat16.
 template <class Elem, int D>
 cudaError_t launch_decode(const AttnParams& p, const Partials& part);
 

@@ -20,7 +20,10 @@
 namespace ioattn::gpu {
 namespace {
 
+// A failed runtime call also leaves its error as the thread's last error, which the next launch
+// check (ours or the caller's) would report as its own: consume it with the report.
 Status cuda_error(const std::string& what, cudaError_t err) {
+  cudaGetLastError();
   return Status::backend("backend=CUDA: " + what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
 }
 
@@ -66,8 +69,10 @@ Path choose_path(const AttnParams& p, int smem_optin) {
   return Path::portable;
 }
 
-// Everything that can fail without touching memory (device queries, the decode scratch) happens
-// before the append writes the cache, so a failed call leaves the cache as it was.
+// Everything that can fail without touching memory (device queries, the decode kernel's
+// attribute, the decode scratch) happens before the append writes the cache, so such a failure
+// leaves the cache as it was. A launch that fails after the append (or the prefill kernel's
+// attribute, set by its launcher) still returns with the cache appended.
 Status run(const AttnParams& p, const KvAppend* append) {
   Status s = check_supported(p);
   if (!s.is_ok()) return s;
@@ -80,7 +85,7 @@ Status run(const AttnParams& p, const KvAppend* append) {
   int splits = 1;
   void* partials = nullptr;
   if (path == Path::decode) {
-    splits = decode_splits(p);
+    if (!(s = decode_prepare(p, &splits)).is_ok()) return s;
     if (splits > 1 && !(s = device_scratch_alloc(decode_partials_bytes(p, splits), p.stream,
                                                  "the split-KV decode partials", &partials))
                            .is_ok())
