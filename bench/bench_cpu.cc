@@ -100,7 +100,13 @@ struct Problem {
 double fma_peak_gflops(int threads) {
   static std::map<int, double> cache;
   auto it = cache.find(threads);
-  if (it == cache.end()) it = cache.emplace(threads, ioattn::peers::measure_fma_peak(threads, 0.3)).first;
+  // Best of three: on the shared VM a probe that lands beside another tenant's burst reads low
+  // (two-thread probes of 97 and 186 GFLOP/s a minute apart), which would inflate every ratio.
+  if (it == cache.end()) {
+    double best = 0;
+    for (int i = 0; i < 3; ++i) best = std::max(best, ioattn::peers::measure_fma_peak(threads, 0.3));
+    it = cache.emplace(threads, best).first;
+  }
   return it->second;
 }
 
@@ -243,6 +249,9 @@ int main(int argc, char** argv) {
                                          Shape{d, s, causal, t, dt})
                 ->UseManualTime()
                 ->MinTime(0.5)
+                // The median of three runs: one run swung 88-125 GFLOP/s with the VM's neighbours.
+                ->Repetitions(3)
+                ->ReportAggregatesOnly(true)
                 ->Unit(benchmark::kMillisecond);
           }
         }
