@@ -374,12 +374,6 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   const double kv_head = double(pr.seqlen_k) * sz.kv_row;
   const double kv_std_per_qhead = double(pr.batch) * double(pr.heads_q) * kv_head;
   const double kv_std_per_kvhead = double(pr.batch) * double(pr.heads_kv) * kv_head;
-  // The baseline's per-head fp32 copies of Q, K, V and O (StandardPasses::staged_fp32_copies).
-  const double copy_head =
-      sp.staged_fp32_copies
-          ? 4.0 * double(pr.seqlen_q * (pr.head_dim + pr.head_dim_v) + pr.seqlen_k * (pr.head_dim + pr.head_dim_v))
-          : 0.0;
-  const double copies = double(pr.batch) * double(pr.heads_q) * copy_head;
   // A cold call's scratch crosses every outer boundary once, on the workers that get work.
   const double active = std::min<double>(workers, std::max<int64_t>(1, plan.work_items > 0 ? plan.work_items : 1));
 
@@ -483,19 +477,52 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
         fr += units * cpu_flash_unit_l1(pr, plan, ks, best_share, head_mode).steps;
       }
     }
-    // Standard: S of one head per worker; if those (and the head's K/V) fit this level, the S
-    // passes stay inside it; K/V of a kv head is read once for its G q heads if it stays.
-    const bool s_resident = sharing * (sz.s_head + kv_head + copy_head) <= cap;
+    // Standard, one (batch, q head) per worker at a time, phase by phase: the copies are written,
+    // beta = 0 zeroes S, the Q K^T sgemm packs the Q and K copies and accumulates into S, the
+    // softmax rewrites S in place, the P V sgemm packs P block by block and V, and O is converted
+    // out. S stays in this level if it fits next to what the Q K^T sgemm keeps live (the two
+    // copies and its packed blocks); then its passes stay inside (a cold call fills it once).
+    // K/V of a kv head is read once for its G q heads if it stays.
+    const double cap_w = cap / sharing;
+    const double sq_d = double(pr.seqlen_q), sk_d = double(pr.seqlen_k);
+    // The GEMMs' operands: the fp32 copies where the baseline stages them, else the caller's tensors.
+    const double qe = sp.staged_fp32_copies ? 4.0 : dtype_bytes(pr.dtype),
+                 ke = sp.staged_fp32_copies ? 4.0 : dtype_bytes(pr.kv_dtype);
+    const double qc = sq_d * double(pr.head_dim) * qe, kc = sk_d * double(pr.head_dim) * ke;
+    const double vc = sk_d * double(pr.head_dim_v) * ke, oc = sq_d * double(pr.head_dim_v) * qe;
+    const double packed_q = sq_d * double(pr.head_dim) * 4;
+    const double m_block1 = double(gemm_blocks(pr.seqlen_k, sp.gemm.p, sp.gemm.unroll).front());
+    const std::vector<int64_t> k_blocks2 = gemm_blocks(pr.seqlen_k, sp.gemm.q, sp.gemm.unroll);
+    const double packed_b1 = packed_q, packed_a1 = m_block1 * double(pr.head_dim) * 4;
+    const double packed_b2 = double(k_blocks2.front()) * sq_d * 4,
+                 packed_a2 = double(pr.head_dim_v) * double(k_blocks2.front()) * 4;
+    const double gemm1_live = sz.s_head + qc + kc + packed_b1 + packed_a1;
+    const bool s_resident = sz.s_head <= cap_w && gemm1_live <= cap_w;
     const double s_reads = s_resident ? 0.0 : sp.s_reads * sz.s_fp32;
     const double s_writes = s_resident ? 0.0 : sp.s_writes * sz.s_fp32;
     const bool kv_resident = sharing * kv_head <= cap;
     const double kv_std = std::min(prev_std_kv, kv_resident ? kv_std_per_kvhead : kv_std_per_qhead);
     prev_std_kv = kv_std;
-    // The copies are written (a write-allocating pass) and read back by the GEMMs or by the
-    // final conversion of O; S's passes evict them in between unless S stays. A cold call also
-    // fills S and the copies on first touch where they do stay.
-    const double copies_crossing = s_resident ? (opt.cold_scratch ? sharing * copy_head : 0.0) : copies;
+    // The copies are written (a write-allocating pass) and read back by the packing or by the
+    // final conversion of O; S's zeroing pass evicts the Q and K copies in between unless S fits
+    // with them, and V's waits through the whole Q K^T sgemm. A cold call fills what stays once.
+    const double heads = double(pr.batch) * double(pr.heads_q);
+    double copies_crossing = 0;
+    if (sp.staged_fp32_copies) {
+      const double cold = opt.cold_scratch ? 1.0 : 0.0;
+      copies_crossing = heads * ((qc + kc) * (qc + kc + vc + sz.s_head <= cap_w ? cold : 2.0) +
+                                 vc * (gemm1_live + vc <= cap_w ? cold : 2.0) + oc * (s_resident ? cold : 1.0));
+    }
     const double s_first_touch = s_resident && opt.cold_scratch ? sharing * sz.s_head : 0.0;
+    // Inside the sgemms (GemmBlocking): the Q K^T sgemm reads the packed Q copy again for each
+    // block of p key rows after the first unless it stays next to that block's rows of S; the
+    // P V sgemm reads O (its C) again for each block of q keys after the first unless O stays
+    // next to the packed block of P; a cold call fills OpenBLAS's packing buffer once.
+    const double m_blocks1 = double(gemm_blocks(pr.seqlen_k, sp.gemm.p, sp.gemm.unroll).size());
+    const double gemm_outer =
+        heads * ((packed_b1 + m_block1 * sq_d * 4 > cap_w ? (m_blocks1 - 1) * packed_b1 : 0.0) +
+                 (oc + packed_b2 > cap_w ? double(k_blocks2.size() - 1) * oc : 0.0)) +
+        (opt.cold_scratch ? sharing * std::max(packed_a1 + packed_b1, packed_a2 + packed_b2) : 0.0);
     if (b == 0) {
       // L1d-L2 holds no head's S: the baseline's own loop nest, per (batch, q head). Its compulsory
       // Q, K, V reads and O writes in the storage type; the fp32 staging copies written and the O
@@ -505,15 +532,14 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
       const int64_t sq = pr.seqlen_q, sk = pr.seqlen_k, d = pr.head_dim, dv = pr.head_dim_v;
       const double l1 = double(inner.size_bytes);
       const GemmL1 g1 = sgemm_l1(sk, sq, d, l1, sp.gemm), g2 = sgemm_l1(dv, sq, sk, l1, sp.gemm);
-      const double heads = double(pr.batch) * double(pr.heads_q);
       const double staged_w = sp.staged_fp32_copies ? 4.0 * double(sq * d + sk * (d + dv)) : 0.0;
       const double staged_r = sp.staged_fp32_copies ? 4.0 * double(sq * dv) : 0.0;
       const double beta = 4.0 * double(sq * sk + sq * dv);
       set(&bt, fr, fw, sz.q + kv_std_per_qhead + heads * (staged_r + double(sq * sk) * 4 + g1.reads + g2.reads),
           sz.o + sz.lse + heads * (staged_w + beta + g1.writes + g2.writes));
     } else {
-      set(&bt, fr, fw, sz.q + kv_std + s_reads + copies_crossing,
-          sz.o + sz.lse + s_writes + copies_crossing + s_first_touch);
+      set(&bt, fr, fw, sz.q + kv_std + s_reads + copies_crossing / 2 + gemm_outer,
+          sz.o + sz.lse + s_writes + copies_crossing / 2 + s_first_touch);
     }
     rep.levels.push_back(bt);
   }
