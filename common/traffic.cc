@@ -572,7 +572,8 @@ TrafficReport gpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
       bh * (double(pr.seqlen_q) * pr.head_dim * eb * tiles_k + double(pr.seqlen_k) * pr.head_dim * kb * tiles_q +
             double(pr.seqlen_k) * pr.head_dim_v * kb * tiles_q);
   set(&inner, q_flash + kv_per_cta_sum + partials / 2, sz.o + sz.lse + partials / 2,
-      gemm_reads + sp.s_reads * sz.s_fp32, sz.o + sz.lse + sp.s_writes * sz.s_fp32);
+      gemm_reads + sp.s_reads * sz.s_fp32 + sp.broadcast_mask_bytes * bh * double(pr.seqlen_q) * double(pr.seqlen_k),
+      sz.o + sz.lse + sp.s_writes * sz.s_fp32);
   rep.levels.push_back(inner);
 
   // L2-HBM. The L2 keeps one copy per partition of data every SM reads, so K/V sees
@@ -631,7 +632,10 @@ TrafficReport gpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   // whole S does.
   const bool s_resident = sz.s_fp32 <= cap;
   const double std_kv = double(pr.batch * pr.heads_q) * double(pr.seqlen_k) * sz.kv_row;
-  const double std_reads = sz.q + std_kv + (s_resident ? 0.0 : sp.s_reads * sz.s_fp32);
+  // A mask shared by every (batch, head) is read once per head, from HBM only if it does not stay.
+  const double mask = sp.broadcast_mask_bytes * double(pr.seqlen_q) * double(pr.seqlen_k);
+  const double mask_reads = s_resident ? 0.0 : (mask <= cap ? mask : double(pr.batch * pr.heads_q) * mask);
+  const double std_reads = sz.q + std_kv + (s_resident ? 0.0 : sp.s_reads * sz.s_fp32) + mask_reads;
   const double std_out = sz.o + sz.lse + (s_resident ? 0.0 : sp.s_writes * sz.s_fp32);
   const double std_dirty = std::min(std_out, cap * std_out / (std_reads + std_out));
   BoundaryTraffic outer;
@@ -654,14 +658,17 @@ StandardPasses cpu_baseline_passes() {
 
 StandardPasses pytorch_math_passes(bool causal) {
   if (!causal) return pytorch_math_passes();
-  // 7.4 reads and 4.75 writes of an fp32 S at H=16 S=4096 D=128, H=32 S=4096 D=64 and H=16
-  // S=16384 D=128 (bench/traffic/samples/gpu/math_*_causal.txt): about two more reads and one
-  // more write than without the mask, for building the boolean tril mask, turning it into an
-  // additive one and adding it to S.
-  StandardPasses p;
-  p.s_reads = 7.42;
-  p.s_writes = 4.76;
-  p.name = "PyTorch MATH, is_causal (calibrated on the causal Nsight Compute samples)";
+  // Nsight Compute's kernel list (bench/traffic/samples/gpu/math_*_causal.txt) shows what the mask
+  // adds: a boolean tril of Sq x Sk built once, turned into one fp32 additive mask (kernels 4-8),
+  // and one elementwise kernel per call that reads S and the mask, broadcast over the heads, and
+  // writes the masked S: one more read and one more write of S, plus the mask read once per head
+  // where it does not stay in L2 (67 MB at S=4096, read 16 times: the 7.4 reads measured there)
+  // and once where it does (4 MB at S=1024: the 71.5 MB that kernel read at H=16, S=1024, D=128).
+  StandardPasses p = pytorch_math_passes();
+  p.s_reads += 1;
+  p.s_writes += 1.05;  // and the fp32 mask's writes, 4-6% of an S at S=4096 over 16 heads
+  p.broadcast_mask_bytes = 4;
+  p.name = "PyTorch MATH, is_causal (the non-causal passes plus the additive mask's pass)";
   return p;
 }
 

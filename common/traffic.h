@@ -55,6 +55,9 @@ struct StandardPasses {
   // its passes evict the copies between their write and their read, so each copy crosses twice.
   bool staged_fp32_copies = false;
   GemmBlocking gemm;  // CPU: the sgemm's blocking, for its L1d-L2 traffic
+  // Bytes per (query, key) of a mask that one pass per (batch, head) reads, broadcast over them
+  // (PyTorch MATH's fp32 additive causal mask: 4); 0 for none.
+  double broadcast_mask_bytes = 0;
 };
 
 // How a run starts. The default is the steady state of repeated calls: scratch memory is warm.
@@ -79,8 +82,8 @@ StandardPasses cpu_baseline_passes();
 // masking passes): calibrated on ANCHORS.md's three Nsight Compute measurements, which show
 // 5.36-5.5 reads and 3.7-3.8 writes of an fp32 S; see docs/model.md.
 StandardPasses pytorch_math_passes();
-// The same with is_causal: the boolean mask is built and applied by further passes over S,
-// calibrated on the three causal Nsight Compute points in bench/traffic/samples/gpu.
+// The same with is_causal: one more pass that reads S and a broadcast fp32 mask and writes S
+// (from the kernel list of the causal Nsight Compute samples in bench/traffic/samples/gpu).
 StandardPasses pytorch_math_passes(bool causal);
 
 TrafficReport predict_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw);

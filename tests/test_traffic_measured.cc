@@ -40,9 +40,6 @@ const std::set<std::string> kKnownMisses = {
     "flash h1_s512_d128_f32 L2-beyond",
     "flash h2_s512_d64_f32 L2-beyond",
     "flash h2_s512_d64_f32 causal L2-beyond",
-    // L2-HBM of PyTorch MATH, causal, S=1024: S is 1.3-2.7x the L2, so passes partly hit.
-    "math b1_h16_s1024_d128 causal L2-HBM",
-    "math b1_h32_s1024_d64 causal L2-HBM",
 };
 
 const char* kCachegrindText =
