@@ -201,8 +201,11 @@ Status device_scratch_alloc(size_t bytes, void* stream, const char* what, void**
   return Status::ok();
 }
 
+// cudaFreeAsync fails only for a stream or pointer that the allocation and the launches on the
+// same stream would already have failed on, and reported; its error is consumed so that it does
+// not surface again in the caller's next launch check.
 void device_scratch_free(void* ptr, void* stream) {
-  if (ptr) cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream));
+  if (ptr && cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream)) != cudaSuccess) cudaGetLastError();
 }
 
 Status decode_forward(const AttnParams& p, int splits, void* partials) {
