@@ -31,15 +31,11 @@ const std::set<std::string> kKnownMisses = {
     // panel (512 B apart) crowd 8 of the 64 sets, so part of S^T is lost although the panel fits.
     "flash h1_s256_d64_f32 causal L1d-L2",
     "flash h1_s256_d128_f32 L1d-L2",
-    // L2-beyond of the flash kernel's head mode where the LL's sets, not its capacity, decide: the
-    // V copy's column chunks alias (S=1024, D=128: 8 chunks 64 KiB apart in one set) and the K
-    // block's lines in those sets are lost with them; at S=512, D=128 and H=2 the copy and the
-    // tile's buffers fill the LL to 80-100% and the random-placement estimate keeps too much.
-    "flash h1_s1024_d128_f32 L2-beyond",
-    "flash h1_s1024_d128_f32 causal L2-beyond",
-    "flash h1_s512_d128_f32 L2-beyond",
-    "flash h2_s512_d64_f32 L2-beyond",
-    "flash h2_s512_d64_f32 causal L2-beyond",
+    // L2-beyond of the flash kernel's head mode, causal: the tile buffers' refill between tiles
+    // is charged with the kept fraction of the whole copy, while a causal tile streams only the
+    // keys it sees (the model is 16% high at S=1000, D=128 and S=2048, D=64).
+    "flash h1_s1000_d128_f32 causal L2-beyond",
+    "flash h1_s2048_d64_f32 causal L2-beyond",
 };
 
 const char* kCachegrindText =

@@ -510,6 +510,15 @@ inline double predicted_smem_l2(const GpuPoint& g, const HardwareProfile& hw) {
   return math ? rep.levels.front().standard_bytes : rep.levels.front().flash_bytes;
 }
 
+// What lts__t_bytes counts for those smem-L2 bytes (docs/traffic.md): every request of an SM is
+// looked up in the L2 partition wired to it, and the share homed in another partition, (P - 1) / P
+// of uniformly hashed addresses, misses there and is looked up again at its home through the L2
+// fabric (lts__t_sectors_srcunit_ltcfabric): (2P - 1) / P lookups per request, 1.5 on the H200.
+inline double predicted_l2_lookups(const GpuPoint& g, const HardwareProfile& hw) {
+  const double p = std::max(1, hw.levels.size() > 1 ? hw.levels[1].partitions : 1);
+  return predicted_smem_l2(g, hw) * (2 * p - 1) / p;
+}
+
 inline bool load_gpu_points(const std::string& dir, std::vector<GpuPoint>* out, std::string* error) {
   for (const std::string& f : list_files(dir, ".txt")) {
     std::string text;

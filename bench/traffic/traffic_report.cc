@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
     if ((f == "--samples" || f == "--csv-dir") && i + 1 < argc) {
       (f == "--samples" ? samples : csv_dir) = argv[++i];
     } else {
-      std::fprintf(stderr, "traffic_report: unknown flag '%s'\nusage: traffic_report [--samples DIR] [--csv-dir DIR]\n", f.c_str());
+      std::fprintf(stderr, "traffic_report: unknown flag '%s'\nusage: traffic_report [--samples DIR] [--csv-dir DIR]\n",
+                   f.c_str());
       return 2;
     }
   }
@@ -58,7 +59,8 @@ int main(int argc, char** argv) {
     csv << "point,kernel,seqlen,dim,causal,boundary,predicted_bytes,measured_bytes\n";
   }
   std::printf("## CPU: cachegrind (D1 %lld KiB, LL %lld KiB, 1 thread) against predict_traffic\n\n",
-              cpu.empty() ? 0LL : (long long)cpu[0].l1_bytes / 1024, cpu.empty() ? 0LL : (long long)cpu[0].l2_bytes / 1024);
+              cpu.empty() ? 0LL : (long long)cpu[0].l1_bytes / 1024,
+              cpu.empty() ? 0LL : (long long)cpu[0].l2_bytes / 1024);
   std::printf("| point | plan (bq x bkv) | L1d-L2 pred MB | meas MB | err | L2-beyond pred MB | meas MB | err |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
   for (const CpuPoint& p : cpu) {
@@ -90,19 +92,27 @@ int main(int argc, char** argv) {
     gcsv << "point,impl,seqlen,dim,causal,boundary,predicted_bytes,measured_bytes\n";
   }
   std::printf("\n## GPU: Nsight Compute on the H200 against predict_traffic --hw h200-sxm\n\n");
-  std::printf("| point | HBM read MB | HBM write MB | predicted L2-HBM MB | measured MB | err | lts__t_bytes MB | predicted smem-L2 MB |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| point | HBM read MB | HBM write MB | predicted L2-HBM MB | measured MB | err | lts__t_bytes MB | predicted "
+      "smem-L2 MB | predicted L2 lookups MB | err |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (const GpuPoint& g : gpu) {
     const std::vector<Comparison> c = compare_gpu(g, h200);
-    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", g.name.c_str(), mb(g.dram_read).c_str(),
-                mb(g.dram_write).c_str(), mb(c[0].predicted).c_str(), mb(c[0].measured).c_str(), pct(c[0].error()).c_str(),
-                g.l2_bytes < 0 ? "-" : mb(g.l2_bytes).c_str(), mb(predicted_smem_l2(g, h200)).c_str());
+    const double lookups = predicted_l2_lookups(g, h200);
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", g.name.c_str(), mb(g.dram_read).c_str(),
+                mb(g.dram_write).c_str(), mb(c[0].predicted).c_str(), mb(c[0].measured).c_str(),
+                pct(c[0].error()).c_str(), g.l2_bytes < 0 ? "-" : mb(g.l2_bytes).c_str(),
+                mb(predicted_smem_l2(g, h200)).c_str(), mb(lookups).c_str(),
+                g.l2_bytes < 0 ? "-" : pct(lookups / g.l2_bytes - 1).c_str());
     for (const Comparison& x : c) {
       misses += std::fabs(x.error()) > kBar;
       if (gcsv.is_open())
         gcsv << g.name << ',' << g.impl << ',' << g.problem.seqlen_q << ',' << g.problem.head_dim << ','
              << int(g.problem.causal) << ',' << x.boundary << ',' << x.predicted << ',' << x.measured << '\n';
     }
+    if (gcsv.is_open() && g.l2_bytes >= 0)
+      gcsv << g.name << ',' << g.impl << ',' << g.problem.seqlen_q << ',' << g.problem.head_dim << ','
+           << int(g.problem.causal) << ",L2 lookups," << lookups << ',' << g.l2_bytes << '\n';
   }
   std::printf("\n%d comparison(s) outside ±%.0f%%\n", misses, 100 * kBar);
 
@@ -117,8 +127,11 @@ int main(int argc, char** argv) {
     scsv.open(csv_dir + "/savings.csv");
     scsv << "profile,kind,boundary,flash_bytes,standard_bytes,flash_roofline_s,standard_roofline_s\n";
   }
-  std::printf("\n## Predicted flash vs standard, B=1 H=16 S=4096 D=128 (CPU fp32, GPU bf16), every built-in profile\n\n");
-  std::printf("| profile | boundary | flash MB | standard MB | standard / flash | roofline flash ms | roofline standard ms |\n");
+  std::printf(
+      "\n## Predicted flash vs standard, B=1 H=16 S=4096 D=128 (CPU fp32, GPU bf16), every built-in profile\n\n");
+  std::printf(
+      "| profile | boundary | flash MB | standard MB | standard / flash | roofline flash ms | roofline standard ms "
+      "|\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   for (const HardwareProfile& hw : builtin_profiles()) {
     Problem p = pr;
