@@ -70,9 +70,11 @@ Path choose_path(const AttnParams& p, int smem_optin) {
 }
 
 // Everything that can fail without touching memory (device queries, the decode kernel's
-// attribute, the decode scratch) happens before the append writes the cache, so such a failure
-// leaves the cache as it was. A launch that fails after the append (or the prefill kernel's
-// attribute, set by its launcher) still returns with the cache appended.
+// attribute, the decode scratch, the buffer for the overwritten cache slots) happens before the
+// append writes the cache. A failure after it (a launch, or the prefill kernel's attribute, set by
+// its launcher) puts the saved slots back before returning, so a failed call leaves the cache as
+// it was; only if that restore cannot be launched either does the message say the cache holds
+// the new rows.
 Status run(const AttnParams& p, const KvAppend* append) {
   Status s = check_supported(p);
   if (!s.is_ok()) return s;
@@ -91,8 +93,19 @@ Status run(const AttnParams& p, const KvAppend* append) {
                            .is_ok())
       return s;
   }
-  if (append && !(s = append_kv(p, *append)).is_ok()) {
+  void* saved = nullptr;
+  const size_t saved_bytes = append ? append_saved_bytes(p, *append) : 0;
+  if (saved_bytes > 0 &&
+      !(s = device_scratch_alloc(saved_bytes, p.stream, "the overwritten KV-cache slots", &saved)).is_ok()) {
     device_scratch_free(partials, p.stream);
+    return s;
+  }
+  auto release = [&] {
+    device_scratch_free(saved, p.stream);
+    device_scratch_free(partials, p.stream);
+  };
+  if (append && !(s = append_kv(p, *append, saved)).is_ok()) {
+    release();
     return s;
   }
   switch (path) {
@@ -108,7 +121,12 @@ Status run(const AttnParams& p, const KvAppend* append) {
       if (err != cudaSuccess) s = cuda_error("launching the portable forward", err);
       break;
   }
-  device_scratch_free(partials, p.stream);
+  if (!s.is_ok() && saved) {
+    const Status r = restore_kv(p, *append, saved);
+    if (!r.is_ok()) s = Status::backend(s.message + "; restoring the KV cache failed too, it holds the appended rows (" +
+                                        r.message + ")");
+  }
+  release();
   return s;
 }
 

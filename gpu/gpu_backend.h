@@ -42,7 +42,12 @@ struct KvAppend {
   int64_t v_batch_stride = 0, v_seq_stride = 0, v_head_stride = 0;
   const int32_t* cache_seqlens = nullptr;  // device pointer, before the append
 };
-Status append_kv(const AttnParams& p, const KvAppend& a);
+// Bytes append_kv needs to keep the cache slots it overwrites; `saved` (that many bytes of device
+// memory, or null to keep nothing) lets restore_kv put them back bit for bit when the attention
+// after the append fails, so a failed call leaves the cache as it was.
+size_t append_saved_bytes(const AttnParams& p, const KvAppend& a);
+Status append_kv(const AttnParams& p, const KvAppend& a, void* saved);
+Status restore_kv(const AttnParams& p, const KvAppend& a, const void* saved);
 
 // The KV-cache call: append (when `append` is not null), then forward(p). What can fail without
 // writing (device queries, scratch for split partials) is done before the append, so an error

@@ -19,10 +19,6 @@ Status forward(const AttnParams&) {
   return Status::unsupported("backend=CUDA: this build of ioattn was compiled without CUDA (IOATTN_CUDA=OFF or no nvcc)");
 }
 
-Status append_kv(const AttnParams&, const KvAppend&) {
-  return Status::unsupported("backend=CUDA: this build of ioattn was compiled without CUDA (IOATTN_CUDA=OFF or no nvcc)");
-}
-
 Status forward_kvcache(const AttnParams&, const KvAppend*) {
   return Status::unsupported("backend=CUDA: this build of ioattn was compiled without CUDA (IOATTN_CUDA=OFF or no nvcc)");
 }

@@ -13,6 +13,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
@@ -227,20 +228,27 @@ void run_kvcache(const KvCase& c, std::mt19937& rng) {
     return ioattn_forward_kvcache(&tq, &cache, c.snew ? &tkn : nullptr, c.snew ? &tvn : nullptr, &to, dlse.ptr, &opt);
   };
   if (c.fail_scratch) {
-    // The decode partials are allocated before the append: the failure leaves cache, out and lse
-    // as they were, and the next call works.
-    ioattn::gpu::testing::fail_device_alloc_after(0);
-    const ioattn_status failed = call();
-    ioattn::gpu::testing::fail_device_alloc_after(-1);
-    CHECK(failed == IOATTN_ERROR_BACKEND);
-    CHECK(std::string(ioattn_last_error()).find("split-KV decode partials") != std::string::npos);
-    CUDA_OK(cudaDeviceSynchronize());
-    CHECK(dk.download() == kc);
-    CHECK(dv.download() == vc);
-    const std::vector<uint16_t> untouched = dout.download();
-    CHECK(std::all_of(untouched.begin(), untouched.end(), [&](uint16_t x) { return x == nan_bits; }));
-    const std::vector<float> lse_untouched = dlse.download();
-    CHECK(std::all_of(lse_untouched.begin(), lse_untouched.end(), [](float x) { return std::isnan(x); }));
+    // Both device allocations, the decode partials (first) and the copy of the cache slots the
+    // append overwrites (second, only with new rows), come before the append: either failure
+    // leaves cache, out and lse as they were, and the next call works.
+    const std::vector<std::pair<long, const char*>> failures = {
+        {0, "split-KV decode partials"}, {1, "overwritten KV-cache slots"}};
+    for (const auto& [after, what] : failures) {
+      if (after == 1 && c.snew == 0) continue;
+      INFO("failing allocation " << after << ": " << what);
+      ioattn::gpu::testing::fail_device_alloc_after(after);
+      const ioattn_status failed = call();
+      ioattn::gpu::testing::fail_device_alloc_after(-1);
+      CHECK(failed == IOATTN_ERROR_BACKEND);
+      CHECK(std::string(ioattn_last_error()).find(what) != std::string::npos);
+      CUDA_OK(cudaDeviceSynchronize());
+      CHECK(dk.download() == kc);
+      CHECK(dv.download() == vc);
+      const std::vector<uint16_t> untouched = dout.download();
+      CHECK(std::all_of(untouched.begin(), untouched.end(), [&](uint16_t x) { return x == nan_bits; }));
+      const std::vector<float> lse_untouched = dlse.download();
+      CHECK(std::all_of(lse_untouched.begin(), lse_untouched.end(), [](float x) { return std::isnan(x); }));
+    }
   }
   const ioattn_status st = call();
   INFO(ioattn_last_error());
