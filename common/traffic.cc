@@ -443,9 +443,13 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
         const double kept = lru_kept_fraction(head_copy + ws, cap / sharing, opt.cache_ways, double(inner.line_bytes));
         // The tile's buffers are part of the same cyclic footprint: what the copy's stream evicts
         // of them is filled again by the next tile (cachegrind, H=2 S=512 D=64: Q^T and O filled
-        // about twice over four tiles).
+        // about twice over four tiles), in proportion to the keys a tile streams (a causal tile
+        // streams only those it sees).
+        const double streamed = w.q_blocks > 0 && w.kv_rows_union > 0
+                                    ? double(w.kv_rows_sum) / (double(w.q_blocks) * double(w.kv_rows_union))
+                                    : 1.0;
         fr = q_flash + kv_once + units * double(w.kv_rows_sum) * packed_row * (1.0 - kept) +
-             std::max(0.0, tiles - active) * ws * (1.0 - kept) + (opt.cold_scratch ? active * ws : 0.0);
+             std::max(0.0, tiles - active) * ws * (1.0 - kept) * streamed + (opt.cold_scratch ? active * ws : 0.0);
         // Within a block the V block stays for all the tile's panels unless its column chunks
         // alias: at head_keys x 64 B a multiple of the way size (S = 1024 in a 512 KiB 8-way cache)
         // all cc chunks of a key share one set, and with the rest of the tile's footprint there

@@ -31,11 +31,6 @@ const std::set<std::string> kKnownMisses = {
     // panel (512 B apart) crowd 8 of the 64 sets, so part of S^T is lost although the panel fits.
     "flash h1_s256_d64_f32 causal L1d-L2",
     "flash h1_s256_d128_f32 L1d-L2",
-    // L2-beyond of the flash kernel's head mode, causal: the tile buffers' refill between tiles
-    // is charged with the kept fraction of the whole copy, while a causal tile streams only the
-    // keys it sees (the model is 16% high at S=1000, D=128 and S=2048, D=64).
-    "flash h1_s1000_d128_f32 causal L2-beyond",
-    "flash h1_s2048_d64_f32 causal L2-beyond",
 };
 
 const char* kCachegrindText =
