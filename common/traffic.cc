@@ -559,11 +559,15 @@ TrafficReport gpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   const Sizes sz = sizes_of(pr);
   const UnitWalk w = walk_unit(pr, 1, std::max(1, plan.block_q), std::max(1, plan.block_kv), false);
   const double splits = std::max(1, plan.kv_splits);
-  const double units = double(pr.batch) * double(pr.heads_q) * splits;  // one K/V stream each
+  // K/V streams: one per (batch, q head) for the prefill kernel; the decode kernel's CTA serves
+  // the G query heads of a kv head, so one per (batch, kv head) there (plan.units; ncu on the
+  // H200: GQA decode reads each K/V byte once, bench/results/gpu-decode.md).
+  const double streams = plan.units > 0 ? double(plan.units) : double(pr.batch) * double(pr.heads_q);
+  const double units = streams * splits;  // one K/V stream each
   const double q_flash = sz.q * splits;
   const double partials =
       splits > 1 ? 2.0 * double(pr.batch * pr.heads_q * pr.seqlen_q) * splits * (double(pr.head_dim_v) + 2) * 4 : 0.0;
-  const double kv_per_cta_sum = double(pr.batch * pr.heads_q) * double(w.kv_rows_sum) * sz.kv_row;
+  const double kv_per_cta_sum = streams * double(w.kv_rows_sum) * sz.kv_row;
   const double kv_unit = double(w.kv_rows_union) * sz.kv_row / splits;
   const double kv_once = units * kv_unit;
 
