@@ -17,7 +17,6 @@
 // next launch check (cudaPeekAtLastError), and leave the device healthy; the very next call must
 // succeed with the bits of a clean run, which is itself checked against the fp64 reference.
 // Exits 77 where no CUDA device is visible. [sanitize]: small enough for compute-sanitizer.
-#define CATCH_CONFIG_RUNNER
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -594,20 +593,4 @@ TEST_CASE("a capturing stream: dense forward is captured and replays exactly; me
   CUDA_OK(cudaStreamDestroy(stream));
 }
 
-int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIPPED: no CUDA device\n");
-    return 77;
-  }
-  return Catch::Session().run(argc, argv);
-}
-
-#else  // build without CUDA
-
-int main() {
-  std::printf("SKIPPED: no CUDA device (this build has no CUDA backend)\n");
-  return 77;
-}
-
-#endif
+#endif  // IOATTN_HAVE_CUDA (main: tests/gpu_main.cc)

@@ -4,9 +4,6 @@
 //
 // Tags: [sanitize] marks the small cases scripts/gpu_run.sh runs under compute-sanitizer
 // (memcheck and racecheck multiply run time by 10-100x).
-// Catch2 v2 compiles its session into the translation unit that defines CATCH_CONFIG_RUNNER; v3
-// has it in the library and ignores the macro.
-#define CATCH_CONFIG_RUNNER
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -569,20 +566,4 @@ TEST_CASE("C ABI: ioattn_forward with backend CUDA runs the CUDA kernel", "[gpu]
   check_against(pr, o);
 }
 
-int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIPPED: no CUDA device\n");
-    return 77;
-  }
-  return Catch::Session().run(argc, argv);
-}
-
-#else  // build without CUDA
-
-int main() {
-  std::printf("SKIPPED: no CUDA device (this build has no CUDA backend)\n");
-  return 77;
-}
-
-#endif
+#endif  // IOATTN_HAVE_CUDA (main: tests/gpu_main.cc)

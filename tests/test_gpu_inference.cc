@@ -4,8 +4,6 @@
 // query rows per kv head (G x Sq <= 16) take the split-KV decode kernel (gpu/decode.cuh); the
 // grids below cover it with and without splits, its merge, and its scratch allocation failing.
 // Every pointer the call receives is a device pointer (docs/api.md, "Memory spaces").
-// Catch2 v2 builds its session runner only where CATCH_CONFIG_RUNNER is defined (v3 ignores it).
-#define CATCH_CONFIG_RUNNER
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -411,20 +409,4 @@ TEST_CASE("CUDA varlen: packed sequences with empty ones, against the reference"
       }
 }
 
-int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIPPED: no CUDA device\n");
-    return 77;
-  }
-  return Catch::Session().run(argc, argv);
-}
-
-#else  // build without CUDA
-
-int main() {
-  std::printf("SKIPPED: no CUDA device (this build has no CUDA backend)\n");
-  return 77;
-}
-
-#endif
+#endif  // IOATTN_HAVE_CUDA (main: tests/gpu_main.cc)
