@@ -111,6 +111,9 @@ constexpr size_t AlignBytes(size_t x) { return (x + 63) / 64 * 64; }
 // VM's noise), and the smaller block leaves its V lines less time to be evicted before P V.
 constexpr int64_t kDecodeRows = cpu_decode_max_rows;
 constexpr int64_t kDecodeKeys = 16;
+// Score rows are kDecodeStride floats apart: whole vectors, so the softmax loads past the
+// block's last key (and masks) instead of running a scalar tail.
+constexpr int64_t kDecodeStride = RoundUp(kDecodeKeys, kLanes);
 
 // ---------------------------------------------------------------------------------------------
 // Micro-kernels.
@@ -311,7 +314,7 @@ Geometry MakeGeometry(const AttnParams& p, const Plan& plan, bool head_mode, int
   bytes[kHeadK] = head_mode ? size_t(head_keys) * size_t(g.D) * f : 0;
   bytes[kHeadV] = head_mode ? size_t(head_keys) * size_t(g.Dvq) * f : 0;
   bytes[kVtmp] = size_t(g.Dvq) * f;
-  bytes[kSt] = (g.decode ? size_t(kDecodeKeys) * rows : bk * size_t(kPanelRows)) * f;
+  bytes[kSt] = (g.decode ? size_t(kDecodeStride) * rows : bk * size_t(kPanelRows)) * f;
   bytes[kO] = rows * size_t(g.Dvp) * f;
   for (int r : {kM, kL, kAlpha, kMref, kMblk, kLo, kHi}) bytes[r] = rows * f;
   bytes[kRowLo] = bytes[kRowHi] = rows * sizeof(int64_t);
@@ -685,33 +688,22 @@ void RunTileBlocks(const AttnParams& p, const Geometry& g, const Tile& t, int64_
 }
 
 // ---------------------------------------------------------------------------------------------
-// ---------------------------------------------------------------------------------------------
 // Decode mode: K/V stream straight from the cache. Packing would convert each key to f32 into
-// scratch and read it back, and score with a register tile whose 16 query rows (2 AVX2 vectors)
-// are mostly empty at G = 4; here each K row is loaded once, widened in registers (PromoteTo,
-// exact) and dotted with every row of its head, and each V row is loaded once per column chunk
-// while it sits in L1, so every byte of the cache crosses the memory bus once.
+// scratch and read it back, and score with a register tile whose 16 query rows are mostly empty
+// at G = 4; here each K row is loaded once, widened in registers (PromoteTo, exact) and dotted
+// with every row of its head, and each V row is loaded once per column chunk while it sits in
+// L1, so every byte of the cache crosses the memory bus once.
 //
-// Arithmetic (D = Dv = 128, f16, G = 4, AVX2): a key of one head is 256 + 256 bytes (8 lines)
-// and costs 16 K vectors x 4 rows = 64 FMAs for the scores plus 16 V vectors x 4 rows = 64 FMAs
-// for P V: 4 flops per byte. Streaming 11 GB/s therefore needs 2.75 G vector FMAs per second
-// across the two cores, about half their peak at ~3 GHz (two FMA ports each), so everything
-// else is kept off that path: one horizontal sum per (key, row), the softmax vectorized over
-// rows (SoftmaxBlock), no f32 copy written or re-read. With the cache resident in L2/L3 the
-// kernel ran 7 GB/s per core (1 thread, the loaded VM).
-//
-// Memory: the lines in flight must cover latency x bandwidth = ~100 ns x 11 GB/s = 1.1 KB for
-// the machine. DecodeRange reads the cache in its own order (positions outer, heads inner), a
-// contiguous stream the hardware prefetchers follow; software prefetch runs kDecodePrefetchKeys
-// positions ahead for K and V (4 x 4 KiB at Hkv = 8, D = 128, f16), which matters where the
-// stream is not contiguous (paged caches: a page of 16 positions ends every 32 KiB and the next
-// one is anywhere). On the contiguous benchmark cache, distances 2..16 and no software prefetch
-// at all measured within the loaded VM's noise (3.5 +- 0.3 GB/s per core, 1 thread), while the
-// same kernel on an L2/L3-resident cache ran at 7 GB/s per core: one core's stream is latency
-// bound, about half of what a plain read loop reaches, since the score pass's dependent
-// arithmetic keeps the out-of-order window from running far ahead.
-constexpr int64_t kDecodePrefetchKeys = 4;
-
+// Arithmetic (D = Dv = 128, f16, G = 4): a key of one head is 256 + 256 bytes and costs
+// 4 x 128 multiply-adds for the scores plus as many for P V, 4 flops per byte. At AVX-512 that
+// is 64 vector FMAs per key and head, 32 cycles on two FMA ports: 512 bytes per 32 cycles is
+// ~40 GB/s per core at 2.5 GHz, so a core can outrun its DRAM stream (~12 GB/s on the Xeon
+// dev VM) if nothing else costs more than the FMAs. Two things used to: a horizontal sum per
+// (key, row) (10 shuffles and adds each, more than the key's 8 FMAs per row at AVX-512), and a
+// softmax vectorized over the 4 rows of a head (12 of 16 lanes idle). Now the dot products of
+// kGroupKeys = lanes consecutive keys are reduced together by a transposed tree (DecodeScore,
+// lanes - 1 pairwise-sum steps of 3 ops per lanes keys: under 3 ops per key and row instead of
+// 10) whose result is one vector of the keys' scores, and the softmax runs along the keys.
 template <class T>
 HWY_INLINE VF LoadWide(const T* p) {
   const DF df;
@@ -728,198 +720,290 @@ constexpr DType kDTypeOf = std::is_same_v<T, float> ? DType::f32
                            : std::is_same_v<T, hwy::float16_t> ? DType::f16
                                                                 : DType::bf16;
 
-// s0[r] = K0 . Q[r], s1[r] = K1 . Q[r] for R query rows (q: row-major f32, stride D). Two keys
-// share each Q load; 2R accumulator chains (8 at R = 4) keep both FMA ports busy. The tail of
-// D past the last whole vector is scalar.
+// The transposed reduction needs a power-of-two lane count that divides the softmax block;
+// elsewhere (scalable vectors wider than 16 lanes) each key is reduced on its own.
+constexpr bool kTreeReduce = kLanes >= 2 && kLanes <= kDecodeKeys && (kLanes & (kLanes - 1)) == 0;
+constexpr int64_t kGroupKeys = kTreeReduce ? kLanes : 1;
+// x86 below AVX-512 has 16 vector registers, AVX-512 and Arm 32. The score step keeps
+// 4 rows x kStepKeys accumulators (8 or 16) plus kStepKeys K vectors live, the P V tile
+// 4 rows x kDecodeColVecs accumulators plus as many V vectors and a broadcast.
+constexpr bool kWideRegisterFile = !(HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3);
+constexpr int kStepKeys = !kTreeReduce ? 1 : kLanes >= 4 && kWideRegisterFile ? 4 : 2;
+constexpr int kDecodeRowChunk = 4;
+constexpr int kDecodeColVecs = kWideRegisterFile ? 4 : 2;
+
+// Lanes of a's pairwise sums, then b's: one level of the transposed reduction. Applied to
+// neighbours level by level, lanes vectors become one whose lane i is the sum of vector i.
+// (A template found by argument-dependent lookup: the single-lane target has no ConcatEven and
+// never instantiates it.)
+template <class D>
+HWY_INLINE hn::Vec<D> PairSums(D d, hn::Vec<D> a, hn::Vec<D> b) {
+  return Add(ConcatEven(d, b, a), ConcatOdd(d, b, a));
+}
+
+// Software prefetch of the next softmax block: a head's K and V rows of block n + 1 (16 x 512
+// bytes at D = 128 in f16) are requested while the same head computes block n, a few lines per
+// inner step of the score and P V loops (per_step = lines / steps, 2 at AVX-512 and D = 128),
+// so the requests overlap the arithmetic instead of queueing behind each other: a burst of a
+// block's 1024 prefetches at its start stalled on the 16 L1 fill buffers and left the core
+// idle (85% of the samples on the prefetch instructions), and without software prefetch one
+// core read 5.3 GB/s against 10-12 for a plain read of the same pattern, compute and memory
+// taking turns (1 / (1/16 + 1/12) GB/s). Measured on the Xeon VM, 1 thread, 1 GiB f16 cache:
+// 7-10 GB/s with this queue.
+struct LineQueue {
+  const char* const* rows;
+  int64_t nrows, row_bytes, per_step;
+  int64_t row = 0, byte = 0;
+  HWY_INLINE void Issue() {
+    for (int64_t n = 0; n < per_step && row < nrows; ++n) {
+      __builtin_prefetch(rows[row] + byte, 0, 3);
+      byte += 64;
+      if (byte >= row_bytes) {
+        byte = 0;
+        ++row;
+      }
+    }
+  }
+};
+
+// s[r * kDecodeStride + i] = K_i . Q_r for the kGroupKeys keys krows[i] and R query rows (q:
+// row-major f32, stride D). kStepKeys keys share each Q load; their sums are folded in registers
+// to one vector per row, and the group's kGroupKeys / kStepKeys such vectors per row are folded
+// once at the end. The tail of D past the last whole vector is scalar.
 template <class T, int R>
-void DecodeScore2(const T* k0, const T* k1, const float* q, int64_t D, float* s0, float* s1) {
+void DecodeScore(const T* const* krows, const float* q, int64_t D, float* s, LineQueue& pq) {
   const DF df;
-  VF a0[R], a1[R];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    a0[r] = hn::Zero(df);
-    a1[r] = hn::Zero(df);
-  }
-  int64_t d = 0;
-  for (; d + kLanes <= D; d += kLanes) {
-    const VF kv0 = LoadWide(k0 + d), kv1 = LoadWide(k1 + d);
-#pragma GCC unroll 8
+  constexpr int64_t kSteps = kGroupKeys / kStepKeys;
+  const int64_t dv = D / kLanes * kLanes;
+  VF part[R][kSteps];
+  for (int64_t step = 0; step < kSteps; ++step) {
+    const T* kr[kStepKeys];
+    VF acc[R][kStepKeys];
+#pragma GCC unroll 16
+    for (int k = 0; k < kStepKeys; ++k) {
+      kr[k] = krows[step * kStepKeys + k];
+      for (int r = 0; r < R; ++r) acc[r][k] = hn::Zero(df);
+    }
+    for (int64_t d = 0; d < dv; d += kLanes) {
+      pq.Issue();
+      VF kv[kStepKeys];
+#pragma GCC unroll 16
+      for (int k = 0; k < kStepKeys; ++k) kv[k] = LoadWide(kr[k] + d);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const VF qv = hn::LoadU(df, q + r * D + d);
+        for (int k = 0; k < kStepKeys; ++k) acc[r][k] = hn::MulAdd(kv[k], qv, acc[r][k]);
+      }
+    }
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const VF qv = hn::LoadU(df, q + r * D + d);
-      a0[r] = hn::MulAdd(kv0, qv, a0[r]);
-      a1[r] = hn::MulAdd(kv1, qv, a1[r]);
+      if constexpr (kStepKeys == 4) {
+        part[r][step] = PairSums(df, PairSums(df, acc[r][0], acc[r][1]), PairSums(df, acc[r][2], acc[r][3]));
+      } else if constexpr (kStepKeys == 2) {
+        part[r][step] = PairSums(df, acc[r][0], acc[r][1]);
+      } else {
+        part[r][step] = acc[r][0];
+      }
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
-    float x0 = hn::GetLane(hn::SumOfLanes(df, a0[r])), x1 = hn::GetLane(hn::SumOfLanes(df, a1[r]));
-    for (int64_t e = d; e < D; ++e) {
-      x0 += load_as_f32(k0, e, kDTypeOf<T>) * q[r * D + e];
-      x1 += load_as_f32(k1, e, kDTypeOf<T>) * q[r * D + e];
+    if constexpr (kTreeReduce) {
+      for (int64_t n = kSteps; n > 1; n /= 2)
+        for (int64_t i = 0; i < n / 2; ++i) part[r][i] = PairSums(df, part[r][2 * i], part[r][2 * i + 1]);
+      hn::StoreU(part[r][0], df, s + r * kDecodeStride);
+    } else {
+      s[r * kDecodeStride] = hn::GetLane(hn::SumOfLanes(df, part[r][0]));
     }
-    s0[r] = x0;
-    s1[r] = x1;
+  }
+  if (dv == D) return;
+  for (int r = 0; r < R; ++r)
+    for (int64_t i = 0; i < kGroupKeys; ++i) {
+      float x = 0.f;
+      for (int64_t e = dv; e < D; ++e) x += load_as_f32(krows[i], e, kDTypeOf<T>) * q[r * D + e];
+      s[r * kDecodeStride + i] += x;
+    }
+}
+
+template <class T>
+void DecodeScoreRows(int R, const T* const* krows, const float* q, int64_t D, float* s, LineQueue& pq) {
+  switch (R) {
+    case 1: return DecodeScore<T, 1>(krows, q, D, s, pq);
+    case 2: return DecodeScore<T, 2>(krows, q, D, s, pq);
+    case 3: return DecodeScore<T, 3>(krows, q, D, s, pq);
+    default: return DecodeScore<T, 4>(krows, q, D, s, pq);
   }
 }
 
-// O[r][col + c * lanes ...] += sum_{j in [a, e)} P^T[j][r] * V_j[col + c * lanes ...] for R rows
-// and C vectors of columns, V rows read from the cache (vrows[j]). p: P^T at row 0 of the chunk
-// (stride mp); o: O at the chunk's first row (stride dvp).
+// Online softmax of one decode block along its keys, row by row (S is [row][key], stride
+// kDecodeStride), with SoftmaxBlock's rules and log2 domain: key i of row r is visible iff
+// lo[r] <= i < hi[r] (hi <= the block's key count, so lanes past it are masked too); NaN and +inf
+// poison the row's max; the exponent is taken against max_for_exp of the new max.
+template <bool kSoftcap>
+void DecodeSoftmax(int64_t rows, float scale, float softcap, const Scratch& w, const float* lo, const float* hi) {
+  const DF df;
+  constexpr int64_t kVecs = kDecodeStride / kLanes;
+  const VF vscale = hn::Set(df, kSoftcap ? scale : scale * softmax::kLog2e);
+  const VF vcap = hn::Set(df, softcap);
+  const VF vcap_log2 = hn::Set(df, softcap * softmax::kLog2e);
+  const VF neg_inf = hn::Set(df, -INFINITY);
+  const VF iota = hn::Iota(df, 0.f);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sr = w.st + r * kDecodeStride;
+    const VF vlo = hn::Set(df, lo[r]), vhi = hn::Set(df, hi[r]);
+    VF x[kVecs];
+    VF mx = neg_inf, saw_nan = hn::Zero(df);
+    for (int64_t v = 0; v < kVecs; ++v) {
+      VF s = hn::Mul(hn::Load(df, sr + v * kLanes), vscale);
+      if (kSoftcap) s = hn::Mul(vcap_log2, hn::Tanh(df, hn::Div(s, vcap)));
+      const VF key = hn::Add(iota, hn::Set(df, static_cast<float>(v * kLanes)));
+      x[v] = hn::IfThenElse(hn::And(hn::Ge(key, vlo), hn::Lt(key, vhi)), s, neg_inf);
+      mx = hn::Max(mx, x[v]);
+      saw_nan = hn::Or(saw_nan, hn::VecFromMask(df, hn::IsNaN(x[v])));
+    }
+    float m_blk = hn::GetLane(hn::MaxOfLanes(df, mx));
+    if (!hn::AllFalse(df, hn::MaskFromVec(saw_nan)) || m_blk == INFINITY) m_blk = std::numeric_limits<float>::quiet_NaN();
+    const float m_old = w.m[r];
+    const float m_new = std::isnan(m_old) || std::isnan(m_blk) ? std::numeric_limits<float>::quiet_NaN()
+                                                              : std::max(m_old, m_blk);
+    const float alpha = softmax::rescale_factor(m_old, m_new, [](float e) { return std::exp2(e); });
+    const VF mref = hn::Set(df, softmax::max_for_exp(m_new));
+    VF sum = hn::Zero(df);
+    for (int64_t v = 0; v < kVecs; ++v) {
+      const VF pv = Exp2NonPositive(df, hn::Sub(x[v], mref));
+      hn::Store(pv, df, sr + v * kLanes);
+      sum = hn::Add(sum, pv);
+    }
+    w.alpha[r] = alpha;
+    w.m[r] = m_new;
+    w.l[r] = w.l[r] * alpha + hn::GetLane(hn::SumOfLanes(df, sum));
+  }
+}
+
+// O[r][col + c * lanes ...] += sum_{j in [a, e)} P[r][j] * V_j[col + c * lanes ...] for R rows
+// and C vectors of columns, V rows read from the cache (vrows[j]). p: P at row 0 of the chunk
+// (row stride kDecodeStride); o: O at the chunk's first row (stride dvp).
 template <class T, int R, int C>
-void DecodePv(const void* const* vrows, int64_t a, int64_t e, const float* p, int64_t mp, int64_t col, float* o,
-              int64_t dvp) {
+void DecodePv(const void* const* vrows, int64_t a, int64_t e, const float* p, int64_t col, float* o, int64_t dvp,
+              LineQueue* pq) {
   const DF df;
   VF acc[R][C];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = hn::Load(df, o + r * dvp + col + c * kLanes);
   for (int64_t j = a; j < e; ++j) {
+    if (pq) pq->Issue();
     const T* v = static_cast<const T*>(vrows[j]) + col;
     VF vv[C];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) vv[c] = LoadWide(v + c * kLanes);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const VF pb = hn::Set(df, p[j * mp + r]);
+      const VF pb = hn::Set(df, p[r * kDecodeStride + j]);
       for (int c = 0; c < C; ++c) acc[r][c] = hn::MulAdd(pb, vv[c], acc[r][c]);
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) hn::Store(acc[r][c], df, o + r * dvp + col + c * kLanes);
 }
 
-// Register tiles of the decode kernels: up to 4 rows x 2 column vectors (8 accumulators, 2 V
-// loads and a broadcast: 11 of AVX2's 16 registers).
-constexpr int kDecodeRowChunk = 4;
-constexpr int kDecodeColVecs = 2;
-
 template <class T, int C>
-void DecodePvRows(int R, const void* const* vrows, int64_t a, int64_t e, const float* p, int64_t mp, int64_t col,
-                  float* o, int64_t dvp) {
+void DecodePvRows(int R, const void* const* vrows, int64_t a, int64_t e, const float* p, int64_t col, float* o,
+                  int64_t dvp, LineQueue* pq) {
   switch (R) {
-    case 1: return DecodePv<T, 1, C>(vrows, a, e, p, mp, col, o, dvp);
-    case 2: return DecodePv<T, 2, C>(vrows, a, e, p, mp, col, o, dvp);
-    case 3: return DecodePv<T, 3, C>(vrows, a, e, p, mp, col, o, dvp);
-    default: return DecodePv<T, 4, C>(vrows, a, e, p, mp, col, o, dvp);
+    case 1: return DecodePv<T, 1, C>(vrows, a, e, p, col, o, dvp, pq);
+    case 2: return DecodePv<T, 2, C>(vrows, a, e, p, col, o, dvp, pq);
+    case 3: return DecodePv<T, 3, C>(vrows, a, e, p, col, o, dvp, pq);
+    default: return DecodePv<T, 4, C>(vrows, a, e, p, col, o, dvp, pq);
   }
 }
 
 // Rows [r0, r0 + R) += P V over keys [a, e) of the block, every column of Dv.
 template <class T>
-void DecodePvRange(const Geometry& g, int R, int64_t r0, int64_t a, int64_t e, int64_t mp, const Scratch& w) {
+void DecodePvRange(const Geometry& g, int R, int64_t r0, int64_t a, int64_t e, const Scratch& w,
+                   LineQueue* pq = nullptr) {
   if (a >= e) return;
   const int64_t full = g.Dv / kLanes * kLanes;
-  const float* p = w.st + r0;
+  const float* p = w.st + r0 * kDecodeStride;
   float* o = w.o + r0 * g.Dvp;
   int64_t col = 0;
   for (; col + kDecodeColVecs * kLanes <= full; col += kDecodeColVecs * kLanes)
-    DecodePvRows<T, kDecodeColVecs>(R, w.vrows, a, e, p, mp, col, o, g.Dvp);
-  for (; col < full; col += kLanes) DecodePvRows<T, 1>(R, w.vrows, a, e, p, mp, col, o, g.Dvp);
+    DecodePvRows<T, kDecodeColVecs>(R, w.vrows, a, e, p, col, o, g.Dvp, pq);
+  for (; col < full; col += kLanes) DecodePvRows<T, 1>(R, w.vrows, a, e, p, col, o, g.Dvp, pq);
   for (; col < g.Dv; ++col)
     for (int64_t r = 0; r < R; ++r)
-      for (int64_t j = a; j < e; ++j) o[r * g.Dvp + col] += p[j * mp + r] * load_as_f32(w.vrows[j], col, kDTypeOf<T>);
+      for (int64_t j = a; j < e; ++j)
+        o[r * g.Dvp + col] += p[r * kDecodeStride + j] * load_as_f32(w.vrows[j], col, kDTypeOf<T>);
 }
 
-template <class T>
-void DecodeScoreRows(int R, const T* k0, const T* k1, const float* q, int64_t D, float* s0, float* s1) {
-  switch (R) {
-    case 1: return DecodeScore2<T, 1>(k0, k1, q, D, s0, s1);
-    case 2: return DecodeScore2<T, 2>(k0, k1, q, D, s0, s1);
-    case 3: return DecodeScore2<T, 3>(k0, k1, q, D, s0, s1);
-    default: return DecodeScore2<T, 4>(k0, k1, q, D, s0, s1);
-  }
-}
+
+
+
+
+
 
 // One decode task: keys [kb, ke) of sequence b (its split's whole key range) for ALL kv heads,
-// in softmax blocks of kDecodeKeys positions from kb. Positions are the outer loop of the score
-// pass and heads the inner one, so with the usual [batch][seq][Hkv][D] cache the K reads walk
-// one contiguous stream (Hkv x D x 2 = 2 KiB per position in f16) instead of Hkv streams of
-// 256-byte rows 2 KiB apart: on the 2-core VM a plain read of K and V head by head reached
-// 4 GB/s against 10-11 GB/s position by position, whatever the software prefetch distance.
-// (Head-major caches still read one contiguous stream per head.) Each head then runs the
-// online softmax and P V over its own block, reading V rows the score pass prefetched.
-// State per head (ws[hk]) follows RunTileBlocks' rules: SoftmaxBlock is shared, a hidden key's
-// score is -inf by select, and P V gives each row only the keys it sees, so a NaN in a hidden V
-// row never reaches it.
+// in softmax blocks of kDecodeKeys positions from kb, head by head within a block. State per
+// head (ws[hk]) follows RunTileBlocks' rules: a hidden key's score is -inf by select, and P V
+// gives each row only the keys it sees, so a NaN in a hidden V row never reaches it.
 template <class T>
-void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpan& seq, int64_t rows, int64_t mp,
-                 int64_t kb, int64_t ke, const Scratch* ws) {
+void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpan& seq, int64_t rows, int64_t kb,
+                 int64_t ke, const Scratch* ws) {
   const T* kbase = static_cast<const T*>(p.k);
   const T* vbase = static_cast<const T*>(p.v);
-  const int64_t H = g.heads_kv;
   const bool capped = p.softcap > 0.f;
   const Scratch& w0 = ws[0];
-  float spare[kDecodeRowChunk];
-  auto prefetch_position = [&](int64_t j) {
-    for (int64_t hk = 0; hk < H; ++hk) {
-      PrefetchRow(p.k, k_offset(p, b, seq, j, hk), p.kv_dtype, g.D);
-      PrefetchRow(p.v, v_offset(p, b, seq, j, hk), p.kv_dtype, g.Dv);
-    }
-  };
-  for (int64_t j = kb; j < std::min(ke, kb + kDecodePrefetchKeys); ++j) prefetch_position(j);
+  const T* krows[kDecodeStride];
+  const char* ahead[2 * kDecodeKeys];
+  // Inner steps of one head's block (a full block): the score loop's vector steps per key group
+  // and P V's keys per column chunk, per chunk of rows.
+  const int64_t chunks = (rows + kDecodeRowChunk - 1) / kDecodeRowChunk;
+  const int64_t steps = std::max<int64_t>(
+      1, chunks * ((kDecodeKeys / kStepKeys) * (g.D / kLanes) +
+                   kDecodeKeys * (g.Dv / (kDecodeColVecs * kLanes) + g.Dv % (kDecodeColVecs * kLanes) / kLanes)));
   for (int64_t j0 = kb; j0 < ke; j0 += kDecodeKeys) {
     const int64_t nk = std::min(kDecodeKeys, ke - j0);
-    bool masked = false, any_visible = false;
-    for (int64_t r = 0; r < mp; ++r) {
+    bool any_visible = false;
+    for (int64_t r = 0; r < rows; ++r) {
       const int64_t lo = std::clamp<int64_t>(w0.row_lo[r] - j0, 0, nk);
       const int64_t hi = std::clamp<int64_t>(w0.row_hi[r] - j0, lo, nk);
       w0.lo[r] = static_cast<float>(lo);
       w0.hi[r] = static_cast<float>(hi);
-      if (r < rows) {
-        masked |= lo != 0 || hi != nk;
-        any_visible |= lo < hi;
-      }
+      any_visible |= lo < hi;
     }
     // Rows that see none of the block keep their state exactly (alpha 1, p 0).
     if (!any_visible) continue;
-    for (int64_t j = 0; j < nk; j += 2) {
-      for (int64_t ahead = j0 + j + kDecodePrefetchKeys; ahead < std::min(ke, j0 + j + kDecodePrefetchKeys + 2); ++ahead)
-        prefetch_position(ahead);
-      const bool pair = j + 1 < nk;
-      for (int64_t hk = 0; hk < H; ++hk) {
-        const Scratch& w = ws[hk];
-        const T* k0 = kbase + k_offset(p, b, seq, j0 + j, hk);
-        const T* k1 = pair ? kbase + k_offset(p, b, seq, j0 + j + 1, hk) : k0;
-        w.vrows[j] = vbase + v_offset(p, b, seq, j0 + j, hk);
-        if (pair) w.vrows[j + 1] = vbase + v_offset(p, b, seq, j0 + j + 1, hk);
+    for (int64_t hk = 0; hk < g.heads_kv; ++hk) {
+      const Scratch& w = ws[hk];
+      // This head's rows of the next block, issued a few lines per inner step of the score and
+      // P V loops below.
+      const int64_t nn = std::clamp<int64_t>(ke - j0 - kDecodeKeys, 0, kDecodeKeys);
+      for (int64_t i = 0; i < nn; ++i) {
+        ahead[i] = reinterpret_cast<const char*>(kbase + k_offset(p, b, seq, j0 + kDecodeKeys + i, hk));
+        ahead[nn + i] = reinterpret_cast<const char*>(vbase + v_offset(p, b, seq, j0 + kDecodeKeys + i, hk));
+      }
+      const int64_t row_bytes = std::max(g.D, g.Dv) * int64_t(sizeof(T));
+      LineQueue pq{ahead, 2 * nn, row_bytes, (2 * nn * ((row_bytes + 63) / 64) + steps - 1) / steps};
+      // Lanes past the block's last key score a copy of it, then the softmax masks them.
+      for (int64_t i = 0; i < kDecodeStride; ++i)
+        krows[i] = kbase + k_offset(p, b, seq, j0 + std::min(i, nk - 1), hk);
+      for (int64_t i = 0; i < nk; ++i) w.vrows[i] = vbase + v_offset(p, b, seq, j0 + i, hk);
+      for (int64_t i = 0; i < nk; i += kGroupKeys)
         for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
           const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
-          DecodeScoreRows<T>(R, k0, k1, w.qt + r0 * g.D, g.D, w.st + j * mp + r0,
-                             pair ? w.st + (j + 1) * mp + r0 : spare);
+          DecodeScoreRows<T>(R, krows + i, w.qt + r0 * g.D, g.D, w.st + r0 * kDecodeStride + i, pq);
         }
-        // Padding rows score 0 (finite), so the unmasked softmax never meets stale scratch.
-        for (int64_t r = rows; r < mp; ++r) {
-          w.st[j * mp + r] = 0.f;
-          if (pair) w.st[(j + 1) * mp + r] = 0.f;
-        }
-      }
-    }
-    const Panel pn{0, rows, mp};
-    const DF df;
-    for (int64_t hk = 0; hk < H; ++hk) {
-      Scratch w = ws[hk];
-      w.lo = w0.lo;
-      w.hi = w0.hi;
-      if (masked) {
-        if (capped) SoftmaxBlock<true, true>(pn, nk, p.scale, p.softcap, w);
-        else SoftmaxBlock<true, false>(pn, nk, p.scale, p.softcap, w);
-      } else {
-        if (capped) SoftmaxBlock<false, true>(pn, nk, p.scale, p.softcap, w);
-        else SoftmaxBlock<false, false>(pn, nk, p.scale, p.softcap, w);
-      }
+      if (capped) DecodeSoftmax<true>(rows, p.scale, p.softcap, w, w0.lo, w0.hi);
+      else DecodeSoftmax<false>(rows, p.scale, p.softcap, w, w0.lo, w0.hi);
+      const DF df;
       for (int64_t r = 0; r < rows; ++r) {
         if (w.alpha[r] == 1.f) continue;
         const VF a = hn::Set(df, w.alpha[r]);
         float* o = w.o + r * g.Dvp;
         for (int64_t c = 0; c < g.Dvp; c += kLanes) hn::Store(hn::Mul(hn::Load(df, o + c), a), df, o + c);
       }
-    }
-    // P V head by head over the block: its kDecodeKeys x Hkv V rows (32 KiB in f16) were
-    // prefetched with their K by the score pass, position by position. Keys every row of a
-    // chunk sees go through the chunk's register tile; the rest row by row.
-    for (int64_t hk = 0; hk < H; ++hk) {
-      const Scratch& w = ws[hk];
+      // Keys every row of a chunk sees go through the chunk's register tile; the rest row by row.
       for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
         const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
         int64_t a = 0, e = nk;
@@ -931,15 +1015,15 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
           e = std::min(e, hi);
         }
         fast &= a < e;
-        if (fast) DecodePvRange<T>(g, R, r0, a, e, mp, w);
+        if (fast) DecodePvRange<T>(g, R, r0, a, e, w, &pq);
         for (int64_t r = r0; r < r0 + R; ++r) {
           const int64_t lo = static_cast<int64_t>(w0.lo[r]), hi = static_cast<int64_t>(w0.hi[r]);
           if (!fast) {
-            DecodePvRange<T>(g, 1, r, lo, hi, mp, w);
+            DecodePvRange<T>(g, 1, r, lo, hi, w);
             continue;
           }
-          DecodePvRange<T>(g, 1, r, lo, a, mp, w);
-          DecodePvRange<T>(g, 1, r, e, hi, mp, w);
+          DecodePvRange<T>(g, 1, r, lo, a, w);
+          DecodePvRange<T>(g, 1, r, e, hi, w);
         }
       }
     }
@@ -1113,9 +1197,9 @@ void DecodeTask(const AttnParams& p, const Geometry& g, int64_t b, int64_t split
     const int64_t kb = std::max(u0, u1 - (nb - blk_begin) * g.block_kv);
     const int64_t ke = u1 - (nb - blk_end) * g.block_kv;
     switch (p.kv_dtype) {
-      case DType::f16: DecodeRange<hwy::float16_t>(p, g, b, t0.seq, t0.rows, t0.mp, kb, ke, ws); break;
-      case DType::bf16: DecodeRange<hwy::bfloat16_t>(p, g, b, t0.seq, t0.rows, t0.mp, kb, ke, ws); break;
-      default: DecodeRange<float>(p, g, b, t0.seq, t0.rows, t0.mp, kb, ke, ws); break;
+      case DType::f16: DecodeRange<hwy::float16_t>(p, g, b, t0.seq, t0.rows, kb, ke, ws); break;
+      case DType::bf16: DecodeRange<hwy::bfloat16_t>(p, g, b, t0.seq, t0.rows, kb, ke, ws); break;
+      default: DecodeRange<float>(p, g, b, t0.seq, t0.rows, kb, ke, ws); break;
     }
   }
   for (int64_t hk = 0; hk < g.heads_kv; ++hk) {
