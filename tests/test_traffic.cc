@@ -95,6 +95,40 @@ TEST_CASE("hand-computed CPU bytes: 1 head x 512, D=64 f32 on zen3") {
   }
 }
 
+TEST_CASE("hand-computed CPU L1d-L2 bytes: one 48-row panel against 200 keys, D=64 f32 on zen3") {
+  // One tile, one key block of 200 keys, one panel of 48 rows (tile mode: a single tile), AVX2:
+  // 6-row P V groups, 16-column V chunks (4 of them, one 64-byte line per key), 32 KiB L1 = 512
+  // lines.
+  const HardwareProfile zen3 = profile("zen3");
+  Problem pr = make(1, 48, 64);
+  pr.seqlen_k = 200;
+  Plan plan = plan_cpu(pr, zen3);
+  plan.block_q = 48;
+  plan.block_kv = 200;
+  plan.kv_splits = 1;
+  plan.workers = 1;
+  plan.head_dim_padded = 64;
+  const TrafficReport r = predict_traffic(pr, plan, zen3);
+  // Tile: Q read, packed as Q^T, O zeroed (3 x 12 KiB); O read and the output written (2 x 12 KiB).
+  // K/V: 200 keys read and packed (4 x 256 B each).
+  const double tile = 5 * 12288.0, packing = 200 * 1024.0;
+  // Scores: the 50 KiB K block streams past each of the 3 chunks of 16 rows, Q^T is read once,
+  // S^T (200 x 48 floats, 37.5 KiB) is filled; the softmax reads S^T twice (it exceeds L1); the
+  // rescale reads the 48 O rows.
+  const double score = 3 * 51200.0 + 12288 + 38400, softmax = 2 * 38400.0, o_rows = 12288;
+  // P V, per column chunk, by each use's stack distance (fewer than 512 lines since the previous
+  // use: hit). The 8 groups' S^T floats lie in lines 0,0,0-1,1,1,1-2,2,2 of a key's 3-line row.
+  // V: group 0 reads the chunk's 200 lines. A group after a one-line group with one line of its
+  // own finds them after 199 V + 199 S^T + 12 O lines = 410: all hit. A two-line group after a
+  // one-line one finds key j after 410 + j lines: keys 102..199 miss (98); a one-line group
+  // after a two-line one after 609 - j: keys 0..97 miss (98). Groups 2, 3, 5 and 6: 4 x 98.
+  // S^T: the lines two neighbours share miss with V (4 x 98); the lines a group is first to touch
+  // (group 0's line 0, group 2's line 1, group 5's line 2: 600) were last touched a whole S^T
+  // (600 lines) or more ago: all miss, in every chunk.
+  const double pv = 4 * ((200 + 4 * 98) + (4 * 98 + 600)) * 64.0;
+  CHECK(boundary(r, "L1d-L2").flash_bytes == tile + packing + score + softmax + o_rows + pv);
+}
+
 TEST_CASE("Theorem 2: flash off-chip bytes scale as N^2 d^2 / M, standard as N d + N^2") {
   // Without residency (K/V of a head, 8 MiB at N = 16384, exceeds L2), the K/V re-reads of
   // flash attention are ceil(N / block_q) * N * 2d * 4 with block_q ~ M / d.

@@ -23,15 +23,9 @@ std::string samples_dir() {
 }
 
 // (point name, boundary) pairs where the model is known to miss the bar: see docs/traffic.md,
-// "Where the model misses".
-const std::set<std::string> kKnownMisses = {
-    // L1d-L2 of the flash kernel where a footprint sits at the L1's capacity: at S=256, D=64 one
-    // 6-row group's V chunk and S^T lines are exactly 32 KiB (the model's LRU rule says all of it is
-    // read again per group, cachegrind's 8-way sets keep part); at S=256, D=128 the O rows of a
-    // panel (512 B apart) crowd 8 of the 64 sets, so part of S^T is lost although the panel fits.
-    "flash h1_s256_d64_f32 causal L1d-L2",
-    "flash h1_s256_d128_f32 L1d-L2",
-};
+// "Where the model misses". None at present: the two CPU L1d-L2 misses at S=256 went when P V's
+// reuse was decided per use by its LRU stack distance instead of per panel.
+const std::set<std::string> kKnownMisses = {};
 
 const char* kCachegrindText =
     "ioattn-cachegrind D1=32768,8,64 LL=524288,8,64 valgrind=valgrind-3.19.0\n"

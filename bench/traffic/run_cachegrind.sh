@@ -2,8 +2,10 @@
 # Records cachegrind runs of bench/traffic/traffic_run into bench/traffic/samples/cpu/, one file
 # per (kernel, shape): the geometry line, the driver's plan line and valgrind's summary.
 #   bench/traffic/run_cachegrind.sh BUILD_DIR [GRID_FILE]
-# GRID_FILE lines: "heads seqlen dim dtype" (default: the grid below). Every shape also gets a
-# `none` run, which the parsers subtract. Two runs at a time (the machine has 2 cores).
+# GRID_FILE lines: "heads seqlen dim dtype [block_q block_kv]" (default: the grid below); the
+# optional tile replaces the planner's (traffic_run --block-q/--block-kv), to re-measure a shape
+# with the plan a recorded sample ran. Every shape also gets a `none` run, which the parsers
+# subtract. Two runs at a time (the machine has 2 cores).
 # CG_OUT_DIR=DIR keeps each run's cachegrind.out there, for per-function misses (cg_annotate).
 set -euo pipefail
 build=${1:?usage: run_cachegrind.sh BUILD_DIR [GRID_FILE]}
@@ -27,16 +29,17 @@ grid() {
   echo "1 512 128 bf16"
 }
 jobs_file=$(mktemp)
-grid "${@:2}" | while read -r h s d t; do
-  echo "none $h $s $d $t 0" >>"$jobs_file"
+grid "${@:2}" | while read -r h s d t bq bkv; do
+  echo "none $h $s $d $t 0 ${bq:-0} ${bkv:-0}" >>"$jobs_file"
   for k in flash standard; do
-    for c in 0 1; do echo "$k $h $s $d $t $c" >>"$jobs_file"; done
+    for c in 0 1; do echo "$k $h $s $d $t $c ${bq:-0} ${bkv:-0}" >>"$jobs_file"; done
   done
 done
 run_one() {
-  local k=$1 h=$2 s=$3 d=$4 t=$5 c=$6 name flags=()
+  local k=$1 h=$2 s=$3 d=$4 t=$5 c=$6 bq=$7 bkv=$8 name flags=()
   name=${k}_h${h}_s${s}_d${d}_${t}
   if [[ $c == 1 ]]; then name+=_causal; flags=(--causal); fi
+  if [[ $bq != 0 ]]; then flags+=(--block-q "$bq" --block-kv "$bkv"); fi
   {
     echo "ioattn-cachegrind D1=$D1 LL=$LL valgrind=$(valgrind --version) date=$(date -u +%FT%TZ)"
     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 valgrind --tool=cachegrind --cache-sim=yes --D1=$D1 --LL=$LL \

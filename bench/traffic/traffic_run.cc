@@ -2,7 +2,11 @@
 // valgrind's cachegrind (bench/traffic/run_cachegrind.sh) or with hardware counters.
 //
 //   traffic_run --kernel flash|standard|none --heads H --seqlen S --dim D [--causal]
-//               [--dtype f32|bf16] [--counters]
+//               [--dtype f32|bf16] [--counters] [--block-q N] [--block-kv N]
+//
+// --block-q / --block-kv replace the planner's tile (AttnParams::tiling), so that a recorded
+// sample can be re-measured with the plan it ran after the planner has changed; the flash kernel
+// then runs through cpu::forward, the function ioattn_forward calls, with that override.
 //
 // `none` does everything the other two do except the forward call: the same allocation,
 // initialization and cache sweep, so that subtracting its cachegrind counts from a kernel run's
@@ -29,6 +33,7 @@
 #include "bench/lib/peers.h"
 #include "common/dtype.h"
 #include "common/params.h"
+#include "common/planner.h"
 #include "cpu/cpu_backend.h"
 #include "ioattn/ioattn.h"
 
@@ -40,12 +45,13 @@ struct Args {
   bool causal = false;
   ioattn::DType dtype = ioattn::DType::f32;
   bool counters = false;
+  int block_q = 0, block_kv = 0;  // 0: the planner's choice
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "traffic_run: %s\nusage: traffic_run --kernel flash|standard|none --heads H --seqlen S --dim D "
-               "[--causal] [--dtype f32|bf16] [--counters]\n",
+               "[--causal] [--dtype f32|bf16] [--counters] [--block-q N] [--block-kv N]\n",
                why.c_str());
   std::exit(2);
 }
@@ -78,6 +84,10 @@ Args parse(int argc, char** argv) {
       a.causal = true;
     } else if (f == "--counters") {
       a.counters = true;
+    } else if (f == "--block-q") {
+      a.block_q = int(positive("--block-q", value()));
+    } else if (f == "--block-kv") {
+      a.block_kv = int(positive("--block-kv", value()));
     } else if (f == "--dtype") {
       const std::string t = value();
       if (t == "f32") a.dtype = ioattn::DType::f32;
@@ -188,9 +198,17 @@ int main(int argc, char** argv) {
   p.scale = 1.0f / std::sqrt(float(a.dim));
   p.causal = a.causal;
   p.num_threads = 1;
+  p.tiling.block_q = a.block_q;
+  p.tiling.block_kv = a.block_kv;
   // Planning detects the host (sysfs) once; doing it in every mode keeps that out of the
   // difference between a kernel run and the `none` run.
-  const ioattn::Plan plan = ioattn::cpu::plan_for_params(p);
+  ioattn::Plan plan = ioattn::cpu::plan_for_params(p);
+  // plan_for_params replaces the tile but keeps the planner's working set; the traffic model reads
+  // it (a working set over a level's share spills there), so it is recomputed for the tile that
+  // runs. Dv = D here, so the padded D serves for both.
+  if (a.block_q > 0 || a.block_kv > 0)
+    plan.working_set_bytes =
+        ioattn::cpu_working_set_bytes(plan.block_q, plan.block_kv, plan.head_dim_padded, plan.head_dim_padded);
   std::printf(
       "ioattn-traffic-run kernel=%s batch=1 heads=%lld heads_kv=%lld seqlen=%lld dim=%lld dtype=%s causal=%d "
       "threads=1 block_q=%d block_kv=%d head_dim_padded=%d reg_rows=%d reg_cols=%d kv_splits=%d workers=%d "
@@ -206,7 +224,13 @@ int main(int argc, char** argv) {
   sweep_caches();
   ctr.toggle(true);
   int rc = 0;
-  if (a.kernel == "flash") {
+  if (a.kernel == "flash" && (a.block_q > 0 || a.block_kv > 0)) {
+    const ioattn::Status s = ioattn::cpu::forward(p);
+    if (!s.is_ok()) {
+      std::fprintf(stderr, "traffic_run: cpu::forward failed: %s\n", s.message.c_str());
+      rc = 1;
+    }
+  } else if (a.kernel == "flash") {
     const ioattn_dtype dt = a.dtype == ioattn::DType::f32 ? IOATTN_F32 : IOATTN_BF16;
     const int64_t ss = a.heads * a.dim;
     ioattn_tensor tq{q.data(), dt, 1, a.seqlen, a.heads, a.dim, a.seqlen * ss, ss, a.dim};
