@@ -6,7 +6,10 @@
 //
 // Per key block and warp (D = 128, 32 rows, 64 keys): S = Q K^T is 2 x 8 x 8 = 128 mma, O += P V
 // another 128; the softmax between them is ~6 fp32 ops per score. Blocks that the mask or the
-// sequence end cuts are peeled: only they evaluate the visibility rule per element.
+// sequence end cuts are peeled: only they evaluate the visibility rule per element. The unmasked
+// bulk runs in a loop of its own whose step is one branch-free block from the first Q K^T MMA to
+// the last P V MMA, with the next tile's copies issued between the Q K^T MMAs: on the H200 that
+// took D = 128 from 0.93x to 1.03-1.09x FlashAttention-2 (bench/results/gpu-forward.md).
 //
 // Included only by the per-(head dim, dtype) translation units (gpu/fwd_sm80_*.cu).
 #pragma once
@@ -47,7 +50,9 @@ struct FwdShape {
 };
 
 // Copies `rows` rows of D elements into a pitched shared tile; row r comes from
-// base + row_offset(r), rows at or past `valid_rows` are zero-filled (never read).
+// base + row_offset(r), rows at or past `valid_rows` are zero-filled (never read). The general
+// form: one accessor call per 16-byte chunk (paged K/V, and D = 96, whose 12-chunk rows do not
+// divide the CTA's threads).
 template <int D, int Threads, int Rows, class Elem, class RowOffset>
 __device__ __forceinline__ void load_tile(Elem* smem, const Elem* base, int valid_rows, RowOffset row_offset) {
   constexpr int chunks_per_row = D / 8, pitch = gpu_tile_row_pitch(D);
@@ -64,6 +69,38 @@ __device__ __forceinline__ void load_tile(Elem* smem, const Elem* base, int vali
     const bool valid = r < valid_rows;
     const Elem* src = valid ? base + row_offset(r) + col : base;
     cp_async_16(smem_addr(smem + r * pitch + col), src, valid);
+  }
+}
+
+// Rows at base + r * stride whose 16-byte chunks the CTA's threads cover whole
+// (Threads % (D / 8) == 0): a thread copies one column of rows r0, r0 + R, r0 + 2R, ...
+// (R = Threads * 8 / D), so one pointer stepped by R rows serves all its chunks and each copy
+// costs a compare and a 64-bit add, against ~20 integer ops when every chunk re-derives its row
+// (load_tile: 355 instructions per D = 128 K/V tile pair in SASS, ~30% of a key step's). Other
+// head dims (D = 96: 12 chunks per row) take load_tile.
+template <int D, int Threads>
+inline constexpr bool kRowsCover = Threads % (D / 8) == 0;
+
+template <int D, int Threads, int Rows, class Elem>
+__device__ __forceinline__ void load_tile_strided(Elem* smem, const Elem* base, int valid_rows, int64_t stride) {
+  if constexpr (kRowsCover<D, Threads>) {
+    constexpr int chunks_per_row = D / 8, pitch = gpu_tile_row_pitch(D), R = Threads / chunks_per_row;
+    static_assert(Rows % R == 0, "each thread copies the same number of chunks");
+    int tid = int(threadIdx.x);
+    // Opaque, as in load_tile: the per-thread offset is rederived per tile instead of held live
+    // across the key loop.
+    asm volatile("" : "+r"(tid));
+    const int r0 = tid / chunks_per_row, col = (tid % chunks_per_row) * 8;
+    const Elem* src = base + r0 * stride + col;
+    const uint32_t dst = smem_addr(smem + r0 * pitch + col);
+#pragma unroll
+    for (int i = 0; i < Rows / R; ++i) {
+      const bool valid = r0 + i * R < valid_rows;
+      cp_async_16(dst + i * R * pitch * 2, valid ? src : base, valid);
+      src += R * stride;
+    }
+  } else {
+    load_tile<D, Threads, Rows>(smem, base, valid_rows, [&](int r) { return int64_t(r) * stride; });
   }
 }
 
@@ -120,12 +157,14 @@ __global__ void __launch_bounds__(Shape::threads, Shape::min_ctas)
   const Elem* q = static_cast<const Elem*>(p.q);
   const Elem* k = static_cast<const Elem*>(p.k);
   const Elem* v = static_cast<const Elem*>(p.v);
+  // Without a block table, key row j sits at row 0 + j * stride (common/params.h).
+  const Elem* k_row0 = p.block_table ? k : k + k_offset(p, b, seq, 0, hk);
+  const Elem* v_row0 = p.block_table ? v : v + v_offset(p, b, seq, 0, hk);
 
   // Query rows, and key rows without a block table, are affine in the row index (the accessors
   // of common/params.h): one accessor call per tile gives row 0 and the rest step by the seq
   // stride. Paged keys go through the accessor row by row.
-  load_tile<D, Threads, BM>(sQ, q + q_offset(p, b, seq, m0, h), rows_here,
-                            [&](int r) { return int64_t(r) * p.q_seq_stride; });
+  load_tile_strided<D, Threads, BM>(sQ, q + q_offset(p, b, seq, m0, h), rows_here, p.q_seq_stride);
   cp_async_commit();
 
   // Tiles are walked from the last key block down, so the blocks the causal diagonal or the
@@ -140,10 +179,8 @@ __global__ void __launch_bounds__(Shape::threads, Shape::min_ctas)
       load_tile<D, Threads, BN>(k_dst, k, valid, [&](int r) { return k_offset(p, b, seq, n0 + r, hk); });
       load_tile<D, Threads, BN>(v_dst, v, valid, [&](int r) { return v_offset(p, b, seq, n0 + r, hk); });
     } else {
-      load_tile<D, Threads, BN>(k_dst, k + k_offset(p, b, seq, n0, hk), valid,
-                                [&](int r) { return int64_t(r) * p.k_seq_stride; });
-      load_tile<D, Threads, BN>(v_dst, v + v_offset(p, b, seq, n0, hk), valid,
-                                [&](int r) { return int64_t(r) * p.v_seq_stride; });
+      load_tile_strided<D, Threads, BN>(k_dst, k_row0 + n0 * p.k_seq_stride, valid, p.k_seq_stride);
+      load_tile_strided<D, Threads, BN>(v_dst, v_row0 + n0 * p.v_seq_stride, valid, p.v_seq_stride);
     }
   };
 #pragma unroll
@@ -188,8 +225,24 @@ __global__ void __launch_bounds__(Shape::threads, Shape::min_ctas)
   const int k_lane = ((lane % 8) + (lane / 16) * 8) * P + ((lane / 8) % 2) * 8;
   const int v_lane = ((lane % 8) + ((lane / 8) % 2) * 8) * P + (lane / 16) * 8;
 
-  auto step = [&](int tile_index, auto masked_tag) {
+  // The next tile's copies, when a step issues them itself (copy_chunk(c), c < kCopyChunks: K
+  // then V, kCopyRows rows apart), spread over its Q K^T loop: kCopiesPerKd per k16 slice of D,
+  // between MMAs that leave the issue slots free (one HMMA per ~6 cycles).
+  constexpr bool kStepCopies = kRowsCover<D, Threads>;
+  constexpr int kCopyRows = Threads / (D / 8);
+  constexpr int kCopyChunksPerTile = BN / kCopyRows;
+  constexpr int kCopyChunks = kStepCopies ? 2 * kCopyChunksPerTile : 0;
+  constexpr int kCopiesPerKd = (kCopyChunks + D / 16 - 1) / (D / 16);
+
+  // One key block. Masked: the block is cut by the mask or the sequence end, so each element's
+  // visibility is evaluated. FusedOnly: the specialization of the unmasked bulk for the common
+  // mode (positive scale, no softcap), without the softcap and scale branches; every other
+  // combination runs the general form, which tests those flags at run time.
+  auto step = [&](int tile_index, auto masked_tag, auto fused_only_tag, auto&& copy_chunk) {
     constexpr bool Masked = decltype(masked_tag)::value;
+    constexpr bool FusedOnly = decltype(fused_only_tag)::value;
+    const bool use_softcap = !FusedOnly && softcap;
+    const bool use_fused = FusedOnly || fused;
     const int buf = tile_index % Stages;
     const int n0 = (n_end - 1 - tile_index) * BN;
     const uint32_t k_base = smem_addr(sK + buf * BN * P + k_lane);
@@ -216,16 +269,19 @@ __global__ void __launch_bounds__(Shape::threads, Shape::min_ctas)
           Ops::mma(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
         }
       }
+#pragma unroll
+      for (int c = kd * kCopiesPerKd; c < (kd + 1) * kCopiesPerKd; ++c)
+        if (c < kCopyChunks) copy_chunk(c);
     }
 
-    if (softcap) {
+    if (use_softcap) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mt][n][e] = softcap_log2 * tanhf(s[mt][n][e] * score_mul);
-    } else if (!fused) {
+    } else if (!use_fused) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -233,7 +289,7 @@ __global__ void __launch_bounds__(Shape::threads, Shape::min_ctas)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mt][n][e] *= score_mul;
     }
-    const float k = fused ? score_mul : 1.f;
+    const float k = use_fused ? score_mul : 1.f;
 
     if constexpr (Masked) {
 #pragma unroll
@@ -256,11 +312,12 @@ __global__ void __launch_bounds__(Shape::threads, Shape::min_ctas)
     }
 
     // Online softmax (common/online_softmax.h): the quad of lanes sharing a row agrees on its
-    // max; the row sum stays per lane until the end. Max and sum reduce pairwise (dependency
-    // depth log2(2 * NT) instead of 2 * NT: with two warps per scheduler the chains' latency
-    // is not hidden).
+    // max; the row sum stays per lane until the end. The max reduces pairwise (dependency depth
+    // log2(2 * NT) instead of 2 * NT: with two warps per scheduler the chain's latency is not
+    // hidden).
     auto exp2_fn = [](float d) { return fast_exp2(d); };
-    float factor[MT][2];
+    float factor[MT][2], m_ref[MT][2];
+    bool small = true;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -273,86 +330,143 @@ __global__ void __launch_bounds__(Shape::threads, Shape::min_ctas)
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         factor[mt][hr] = softmax::rescale_factor(row_max[mt][hr], m, exp2_fn);
         row_max[mt][hr] = m;
+        m_ref[mt][hr] = softmax::max_for_exp(m);
+        small &= fabsf(m_ref[mt][hr]) < kFusedLimit;
       }
-    bool small = true;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-      small &= fabsf(softmax::max_for_exp(row_max[mt][0])) < kFusedLimit &&
-               fabsf(softmax::max_for_exp(row_max[mt][1])) < kFusedLimit;
-    // Exponentiates the tile in place and folds it into the row sums; `arg` is the exponent.
-    auto exponentiate = [&](auto arg) {
+    // The exponent is exp2(fma(x, k_exp, -m_ref)). A warp whose maxima left the fused form's
+    // range first rewrites its scores as the two-step argument __fmul_rn(x, k) - m_ref (rounded
+    // like the max, never contracted into an FMA), after which k_exp = 1 and m_ref = 0 make the
+    // same expression exact. The common case thus keeps one straight-line block from here to the
+    // end of P V, inside which the compiler issues the exponentials, conversions and O rescale
+    // between the P V MMAs (SASS, D = 128: 3.1 stall cycles per HMMA there, 6 back to back).
+    float k_exp = k;
+    if (use_fused && !__all_sync(0xffffffffu, small)) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-          const float m_ref = softmax::max_for_exp(row_max[mt][hr]);
-          float r[2 * NT];
 #pragma unroll
           for (int n = 0; n < NT; ++n)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const float pe = fast_exp2(arg(s[mt][n][2 * hr + e], m_ref));
-              s[mt][n][2 * hr + e] = pe;
-              r[2 * n + e] = pe;
-            }
-          row_sum[mt][hr] = row_sum[mt][hr] * factor[mt][hr] + tree_reduce(r, [](float a, float b) { return a + b; });
+            for (int e = 0; e < 2; ++e) s[mt][n][2 * hr + e] = __fmul_rn(s[mt][n][2 * hr + e], k) - m_ref[mt][hr];
+          m_ref[mt][hr] = 0.f;
         }
-    };
-    if (fused && __all_sync(0xffffffffu, small))
-      exponentiate([k](float x, float m_ref) { return fmaf(x, k, -m_ref); });
-    else  // __fmul_rn: rounded like the max, never contracted into an FMA
-      exponentiate([k](float x, float m_ref) { return __fmul_rn(x, k) - m_ref; });
-    // The rule's factor is exactly 1 unless the max grew; once the running max settles (most
-    // blocks of a long row) the whole warp skips the D / 2 multiplies per row.
-    bool grew = false;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) grew |= factor[mt][0] != 1.f || factor[mt][1] != 1.f;
-    if (__any_sync(0xffffffffu, grew)) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int d = 0; d < OT; ++d) {
-          o[mt][d][0] *= factor[mt][0];
-          o[mt][d][1] *= factor[mt][0];
-          o[mt][d][2] *= factor[mt][1];
-          o[mt][d][3] *= factor[mt][1];
-        }
+      k_exp = 1.f;
     }
 
+    // The probabilities are exponentiated, summed into the row sums and packed into P V's A
+    // fragments, and O takes the rescale factor unconditionally (exactly 1 unless the max grew,
+    // so the result is the same as skipping it): a warp-uniform skip branch would split the
+    // block in which the compiler overlaps the exponentials with the first MMAs.
+    uint32_t pa[BN / 16][MT][4];
 #pragma unroll
-    for (int kn = 0; kn < BN / 16; ++kn) {
-      uint32_t pa[MT][4];
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        pa[mt][0] = Ops::pack(s[mt][2 * kn][0], s[mt][2 * kn][1]);
-        pa[mt][1] = Ops::pack(s[mt][2 * kn][2], s[mt][2 * kn][3]);
-        pa[mt][2] = Ops::pack(s[mt][2 * kn + 1][0], s[mt][2 * kn + 1][1]);
-        pa[mt][3] = Ops::pack(s[mt][2 * kn + 1][2], s[mt][2 * kn + 1][3]);
+      for (int hr = 0; hr < 2; ++hr) {
+        row_sum[mt][hr] *= factor[mt][hr];
+#pragma unroll
+        for (int kn = 0; kn < BN / 16; ++kn) {
+          float pe[2][2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              pe[h][e] = fast_exp2(fmaf(s[mt][2 * kn + h][2 * hr + e], k_exp, -m_ref[mt][hr]));
+          row_sum[mt][hr] += (pe[0][0] + pe[0][1]) + (pe[1][0] + pe[1][1]);
+          pa[kn][mt][hr] = Ops::pack(pe[0][0], pe[0][1]);
+          pa[kn][mt][2 + hr] = Ops::pack(pe[1][0], pe[1][1]);
+        }
       }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int d = 0; d < OT; ++d) {
+        o[mt][d][0] *= factor[mt][0];
+        o[mt][d][1] *= factor[mt][0];
+        o[mt][d][2] *= factor[mt][1];
+        o[mt][d][3] *= factor[mt][1];
+      }
+#pragma unroll
+    for (int kn = 0; kn < BN / 16; ++kn)
 #pragma unroll
       for (int dp = 0; dp < OT / 2; ++dp) {
         uint32_t vb[4];
         ldmatrix_x4_trans(vb, v_base + (kn * 16 * P + dp * 16) * 2);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          Ops::mma(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
-          Ops::mma(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+          Ops::mma(o[mt][2 * dp], pa[kn][mt], vb[0], vb[1]);
+          Ops::mma(o[mt][2 * dp + 1], pa[kn][mt], vb[2], vb[3]);
         }
       }
-    }
   };
 
-  for (int ti = 0; ti < n_tiles; ++ti) {
-    cp_async_wait<Stages - 2>();
-    __syncthreads();
-    // The buffer refilled here was last read in iteration ti - 1, which every warp has left.
-    if (ti + Stages - 1 < n_tiles) load_kv(ti + Stages - 1);
-    cp_async_commit();
+  // The unmasked bulk in the common mode (fused exponent, affine K/V rows) runs as its own loop
+  // whose step also issues the next tile's copies. A tile past the last one is copied with no
+  // valid rows: zero-fill into the buffer that no warp reads any more, which keeps the copies
+  // free of a branch. Masked tiles and the other modes copy before the step.
+  const bool hot = fused && !p.block_table;
+  auto nothing = [](int) {};
+  int ti = 0;
+  while (ti < n_tiles) {
     const int n = n_end - 1 - ti;
-    if (n >= n_full_begin && n < n_full_end)
-      step(ti, std::false_type{});
-    else
-      step(ti, std::true_type{});
+    const bool full = n >= n_full_begin && n < n_full_end;
+    if (full && hot) {
+      if constexpr (kStepCopies) {
+        // Every tile after the first is whole (only the highest key block can reach past the
+        // sequence end), so a copy is all rows or, past the last tile, none. Each thread keeps
+        // pointers to its own chunk column in the tile being computed and steps them down one
+        // block per iteration; with no next tile it re-reads the current one with zero bytes.
+        constexpr int R = kCopyRows;
+        int tid = int(threadIdx.x);
+        asm volatile("" : "+r"(tid));
+        const int r0 = tid / (D / 8), col = (tid % (D / 8)) * 8;
+        const int64_t k_block = int64_t(BN) * p.k_seq_stride, v_block = int64_t(BN) * p.v_seq_stride;
+        const int64_t row = int64_t(n_end - 1 - ti) * BN + r0;
+        const Elem* k_cur = k_row0 + row * p.k_seq_stride + col;
+        const Elem* v_cur = v_row0 + row * p.v_seq_stride + col;
+        const uint32_t dst0 = smem_addr(sK + r0 * P + col);
+        constexpr uint32_t kv_gap = uint32_t(Stages) * BN * P * 2;  // sV - sK in bytes
+        for (const int ti_end = n_end - n_full_begin; ti < ti_end; ++ti) {
+          cp_async_wait<Stages - 2>();
+          __syncthreads();
+          const int next = ti + Stages - 1;
+          const bool exists = next < n_tiles;
+          const uint32_t dst = dst0 + uint32_t((next % Stages) * BN * P * 2);
+          const Elem* k_src = exists ? k_cur - (Stages - 1) * k_block : k_cur;
+          const Elem* v_src = exists ? v_cur - (Stages - 1) * v_block : v_cur;
+          step(ti, std::false_type{}, std::true_type{}, [&](int c) {
+            if (c < kCopyChunksPerTile) {
+              cp_async_16(dst + c * R * P * 2, k_src + c * R * p.k_seq_stride, exists);
+            } else {
+              const int i = c - kCopyChunksPerTile;
+              cp_async_16(dst + kv_gap + i * R * P * 2, v_src + i * R * p.v_seq_stride, exists);
+            }
+          });
+          cp_async_commit();
+          k_cur -= k_block;
+          v_cur -= v_block;
+        }
+      } else {
+        for (const int ti_end = n_end - n_full_begin; ti < ti_end; ++ti) {
+          cp_async_wait<Stages - 2>();
+          __syncthreads();
+          if (ti + Stages - 1 < n_tiles) load_kv(ti + Stages - 1);
+          cp_async_commit();
+          step(ti, std::false_type{}, std::true_type{}, nothing);
+        }
+      }
+    } else {
+      cp_async_wait<Stages - 2>();
+      __syncthreads();
+      // The buffer refilled here was last read in iteration ti - 1, which every warp has left.
+      if (ti + Stages - 1 < n_tiles) load_kv(ti + Stages - 1);
+      cp_async_commit();
+      if (full)
+        step(ti, std::false_type{}, std::false_type{}, nothing);
+      else
+        step(ti, std::true_type{}, std::false_type{}, nothing);
+      ++ti;
+    }
   }
   cp_async_wait<0>();
 
