@@ -744,12 +744,16 @@ HWY_INLINE hn::Vec<D> PairSums(D d, hn::Vec<D> a, hn::Vec<D> b) {
 // Software prefetch of the next softmax block: a head's K and V rows of block n + 1 (16 x 512
 // bytes at D = 128 in f16) are requested while the same head computes block n, a few lines per
 // inner step of the score and P V loops (per_step = lines / steps, 2 at AVX-512 and D = 128),
-// so the requests overlap the arithmetic instead of queueing behind each other: a burst of a
-// block's 1024 prefetches at its start stalled on the 16 L1 fill buffers and left the core
-// idle (85% of the samples on the prefetch instructions), and without software prefetch one
-// core read 5.3 GB/s against 10-12 for a plain read of the same pattern, compute and memory
-// taking turns (1 / (1/16 + 1/12) GB/s). Measured on the Xeon VM, 1 thread, 1 GiB f16 cache:
-// 7-10 GB/s with this queue.
+// so the requests overlap the arithmetic instead of queueing behind each other. Measured on the
+// Xeon VM (f16, 1 GiB cache): without software prefetch one core read 5.3 GB/s against 10-12
+// for a plain read of the same pattern (compute and memory taking turns: 1 / (1/16 + 1/12));
+// with this queue 8.5-9.7, and 2 threads 60-80% of a paired plain read (bench_decode of_read%).
+// Variants that measured worse: a burst of the whole block's prefetches at its start (stalled
+// on the 16 L1 fill buffers, 85% of samples on the prefetches), 3 lines per step (the queue
+// then competes with the current block's L2 hits), the next head's rows of the current block
+// on top (in-L2 runs 12.7 -> 10.5 GB/s), all heads of the next block in position order (what
+// the L2 streamer follows best; -5 points), two blocks ahead (same within noise). What is left
+// is the fill buffers: at 2 threads a fifth of the score and P V samples sit on a prefetch.
 struct LineQueue {
   const char* const* rows;
   int64_t nrows, row_bytes, per_step;
@@ -980,8 +984,8 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
       // P V loops below.
       const int64_t nn = std::clamp<int64_t>(ke - j0 - kDecodeKeys, 0, kDecodeKeys);
       for (int64_t i = 0; i < nn; ++i) {
-        ahead[i] = reinterpret_cast<const char*>(kbase + k_offset(p, b, seq, j0 + kDecodeKeys + i, hk));
-        ahead[nn + i] = reinterpret_cast<const char*>(vbase + v_offset(p, b, seq, j0 + kDecodeKeys + i, hk));
+        ahead[2 * i] = reinterpret_cast<const char*>(kbase + k_offset(p, b, seq, j0 + kDecodeKeys + i, hk));
+        ahead[2 * i + 1] = reinterpret_cast<const char*>(vbase + v_offset(p, b, seq, j0 + kDecodeKeys + i, hk));
       }
       const int64_t row_bytes = std::max(g.D, g.Dv) * int64_t(sizeof(T));
       LineQueue pq{ahead, 2 * nn, row_bytes, (2 * nn * ((row_bytes + 63) / 64) + steps - 1) / steps};

@@ -88,4 +88,18 @@ double measure_read_bandwidth(int threads, size_t bytes, double seconds) {
   return best;
 }
 
+double time_read_once(int threads, const void* const* buffers, const size_t* bytes, int n) {
+  threads = std::max(threads, 1);
+  // Slices of whole 8 x 64-byte blocks (read_stream's loop); a buffer's last few blocks, under
+  // 512 x threads bytes, go unread.
+  const size_t quantum = 8 * 64;
+  return timed_team(threads, [&](int t) {
+    for (int i = 0; i < n; ++i) {
+      const size_t slice = bytes[i] / size_t(threads) / quantum * quantum;
+      const float* at = reinterpret_cast<const float*>(static_cast<const char*>(buffers[i]) + size_t(t) * slice);
+      g_sink.store(read_stream(at, slice / sizeof(float)));
+    }
+  });
+}
+
 }  // namespace ioattn::peers

@@ -20,6 +20,11 @@ double measure_fma_peak(int threads, double seconds = 0.2);
 // buffer far larger than the last-level cache measures DRAM, a smaller one the cache.
 double measure_read_bandwidth(int threads, size_t bytes, double seconds = 0.2);
 
+// Seconds for `threads` threads to read the n buffers (buffers[i], bytes[i] each) once, each
+// thread a contiguous share of every buffer: the read time of exactly the bytes a memory-bound
+// kernel streams, to be timed right beside it so that both see the machine in the same state.
+double time_read_once(int threads, const void* const* buffers, const size_t* bytes, int n);
+
 // Standard attention, the way unfused frameworks compute it: per (batch, query head),
 // S = scale * Q K^T materialized in fp32 by cblas_sgemm, masked (-inf) and soft-capped, a row
 // softmax with Highway's Exp (normalized P written over S), then O = P V by cblas_sgemm. Same
