@@ -280,4 +280,37 @@ bool bitwise_equal(const AttnBuffers& a, const AttnBuffers& b) {
   return std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(float)) == 0;
 }
 
+SequenceOracle reference_sequence(const std::vector<float>& q, const std::vector<float>& k,
+                                  const std::vector<float>& v, int64_t sq, int64_t sk, int64_t hq, int64_t hkv,
+                                  int64_t d, const SequenceMask& mask) {
+  AttnParams p;
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
+  p.batch = 1;
+  p.heads_q = hq;
+  p.heads_kv = hkv;
+  p.head_dim = p.head_dim_v = d;
+  p.seqlen_q = sq;
+  p.seqlen_k = sk;
+  p.q_seq_stride = p.o_seq_stride = hq * d;
+  p.q_head_stride = p.o_head_stride = d;
+  p.k_seq_stride = p.v_seq_stride = hkv * d;
+  p.k_head_stride = p.v_head_stride = d;
+  p.lse_head_stride = sq;
+  p.scale = mask.scale > 0 ? mask.scale : float(1.0 / std::sqrt(double(d)));
+  p.softcap = mask.softcap;
+  p.causal = mask.causal;
+  p.window_left = mask.window_left;
+  p.window_right = mask.window_right;
+  SequenceOracle o;
+  o.out64.assign(size_t(sq * hq * d), 0);
+  o.lse64.assign(size_t(hq * sq), 0);
+  o.out32.assign(o.out64.size(), 0);
+  o.lse32.assign(o.lse64.size(), 0);
+  naive_attention<double>(p, o.out64.data(), o.lse64.data());
+  naive_attention<float>(p, o.out32.data(), o.lse32.data());
+  return o;
+}
+
 }  // namespace ioattn::test

@@ -149,4 +149,21 @@ class TargetScope {
 // Bitwise equality of two outputs' logical elements (and lse), for determinism tests.
 bool bitwise_equal(const AttnBuffers& a, const AttnBuffers& b);
 
+// The inference tests' oracle: one sequence's attention through the reference in f64 and f32, on
+// dense (S, H, D) f32 arrays holding the values the kernel reads (already rounded to the cache's
+// storage type), so paging, packing and appending are checked rather than repeated.
+struct SequenceMask {
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;
+  float softcap = 0.f;
+  float scale = 0.f;  // 0: 1 / sqrt(D)
+};
+struct SequenceOracle {
+  std::vector<double> out64, lse64;  // [S][H][D] and [H][S]
+  std::vector<float> out32, lse32;
+};
+SequenceOracle reference_sequence(const std::vector<float>& q, const std::vector<float>& k,
+                                  const std::vector<float>& v, int64_t sq, int64_t sk, int64_t hq, int64_t hkv,
+                                  int64_t d, const SequenceMask& mask);
+
 }  // namespace ioattn::test

@@ -19,6 +19,7 @@
 #include "common/reference.h"
 #include "ioattn/ioattn.h"
 #include "tests/catch.h"
+#include "tests/support.h"
 
 #if IOATTN_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -56,49 +57,9 @@ std::vector<uint16_t> to_storage(const std::vector<float>& x, DType t) {
   return s;
 }
 
-struct SequenceOracle {
-  std::vector<double> out64, lse64;
-  std::vector<float> out32, lse32;
-};
-
-// One sequence, dense (S, H, D) f32 arrays, through the reference in f64 and f32.
-struct Masking {
-  bool causal = false;
-  int64_t window_left = -1, window_right = -1;
-  float softcap = 0.f;
-};
-
-SequenceOracle reference(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
-                         int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d, const Masking& mask) {
-  ioattn::AttnParams p;
-  p.q = q.data();
-  p.k = k.data();
-  p.v = v.data();
-  p.batch = 1;
-  p.heads_q = hq;
-  p.heads_kv = hkv;
-  p.head_dim = p.head_dim_v = d;
-  p.seqlen_q = sq;
-  p.seqlen_k = sk;
-  p.q_seq_stride = p.o_seq_stride = hq * d;
-  p.q_head_stride = p.o_head_stride = d;
-  p.k_seq_stride = p.v_seq_stride = hkv * d;
-  p.k_head_stride = p.v_head_stride = d;
-  p.lse_head_stride = sq;
-  p.scale = float(1.0 / std::sqrt(double(d)));
-  p.causal = mask.causal;
-  p.window_left = mask.window_left;
-  p.window_right = mask.window_right;
-  p.softcap = mask.softcap;
-  SequenceOracle o;
-  o.out64.assign(size_t(sq * hq * d), 0);
-  o.lse64.assign(size_t(hq * sq), 0);
-  o.out32.assign(o.out64.size(), 0);
-  o.lse32.assign(o.lse64.size(), 0);
-  ioattn::naive_attention<double>(p, o.out64.data(), o.lse64.data());
-  ioattn::naive_attention<float>(p, o.out32.data(), o.lse32.data());
-  return o;
-}
+using ioattn::test::reference_sequence;
+using ioattn::test::SequenceMask;
+using ioattn::test::SequenceOracle;
 
 // TESTING.md's rule with a half-precision output: err <= 2 * err(naive f32, rounded to the
 // storage type) + floor, floor = 2 ulp of the output magnitude in that type.
@@ -134,7 +95,7 @@ struct KvCase {
   int64_t batch, hq, hkv, d, snew;
   int64_t page_size;  // 0: contiguous
   DType dtype;
-  Masking mask;
+  SequenceMask mask;
   int64_t sq = 0;             // 0: max(snew, 1)
   int32_t max_cached = 1000;  // longest cached length drawn
   int32_t min_cached = 0;     // shortest, for sequences past the first two
@@ -259,7 +220,7 @@ void run_kvcache(const KvCase& c, std::mt19937& rng) {
   for (int64_t b = 0; b < c.batch; ++b) {
     std::vector<float> qb(q.begin() + b * sq * c.hq * c.d, q.begin() + (b + 1) * sq * c.hq * c.d);
     const SequenceOracle o =
-        reference(qb, lk[size_t(b)], lv[size_t(b)], sq, cached[size_t(b)] + c.snew, c.hq, c.hkv, c.d, c.mask);
+        reference_sequence(qb, lk[size_t(b)], lv[size_t(b)], sq, cached[size_t(b)] + c.snew, c.hq, c.hkv, c.d, c.mask);
     INFO("sequence " << b << ", " << cached[size_t(b)] << " cached keys");
     check_sequence(out, b * sq * c.hq * c.d, lse, b * c.hq * sq, sq, o, sq, c.hq, c.dtype);
   }
@@ -283,7 +244,7 @@ TEST_CASE("CUDA KV cache: append then attend, contiguous and paged, against the 
     for (DType t : {DType::bf16, DType::f16})
       for (int64_t snew : {0, 1, 4}) {
         ++index;
-        Masking mask;
+        SequenceMask mask;
         mask.causal = index % 2 == 0;
         const KvCase c{1 + index % 3, index % 2 ? 8 : 4, index % 3 ? 2 : 1, index % 4 ? 128 : 64, snew, page, t, mask};
         DYNAMIC_SECTION("case " << index) { run_kvcache(c, rng); }
@@ -307,7 +268,7 @@ TEST_CASE("CUDA decode: split-KV with GQA packing, paged and contiguous, against
   for (const Shape& sh : shapes)
     for (int variant = 0; variant < 4; ++variant) {
       ++index;
-      Masking mask;
+      SequenceMask mask;
       switch ((index + variant) % 5) {
         case 0: break;
         case 1: mask.causal = true; break;
@@ -335,14 +296,14 @@ TEST_CASE("CUDA decode: split-KV with GQA packing, paged and contiguous, against
 // multi-split decode, paged and contiguous, and the scratch failure with its recovery.
 TEST_CASE("CUDA decode: small split and unsplit cases", "[gpu][decode][sanitize]") {
   std::mt19937 rng(99);
-  Masking causal;
+  SequenceMask causal;
   causal.causal = true;
   KvCase split{2, 8, 2, 64, 1, 16, DType::bf16, causal};
   split.max_cached = 1500;
   split.min_cached = 800;  // >= 13 key blocks: 4 CTAs split 3 ways at least
   split.repeats = 2;
   SECTION("paged, split") { run_kvcache(split, rng); }
-  KvCase whole{8, 32, 32, 128, 1, 0, DType::f16, Masking{}};
+  KvCase whole{8, 32, 32, 128, 1, 0, DType::f16, SequenceMask{}};
   whole.max_cached = 200;
   SECTION("contiguous, one split per CTA") { run_kvcache(whole, rng); }
   KvCase fail{1, 4, 1, 128, 2, 1, DType::bf16, causal};
@@ -400,9 +361,9 @@ TEST_CASE("CUDA varlen: packed sequences with empty ones, against the reference"
           std::vector<float> qb(q.begin() + cq[b] * hq * d, q.begin() + cq[b + 1] * hq * d);
           std::vector<float> kb(k.begin() + ck[b] * hkv * d, k.begin() + ck[b + 1] * hkv * d);
           std::vector<float> vb(v.begin() + ck[b] * hkv * d, v.begin() + ck[b + 1] * hkv * d);
-          Masking mask;
+          SequenceMask mask;
           mask.causal = causal;
-          const SequenceOracle o = reference(qb, kb, vb, lq[b], lk[b], hq, hkv, d, mask);
+          const SequenceOracle o = reference_sequence(qb, kb, vb, lq[b], lk[b], hq, hkv, d, mask);
           INFO("set " << set << " " << ioattn::dtype_name(t) << " causal " << causal << " sequence " << b);
           check_sequence(out, cq[b] * hq * d, lse, cq[b], tq, o, lq[b], hq, t);
         }

@@ -14,55 +14,22 @@
 #include "common/reference.h"
 #include "ioattn/ioattn.h"
 #include "tests/catch.h"
+#include "tests/support.h"
 
 namespace {
 
 using ioattn::DType;
 
-// One sequence's attention in f64 and f32 through the reference, on dense f32 arrays whose
-// values are already rounded to what the kernel reads.
-struct DenseOracle {
-  std::vector<double> out64, lse64;
-  std::vector<float> out32, lse32;
-};
+using ioattn::test::reference_sequence;
+using ioattn::test::SequenceOracle;
 
-DenseOracle reference_sequence(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
-                               int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d, const ioattn_options& opt) {
-  ioattn::AttnParams p;
-  p.q = q.data();
-  p.k = k.data();
-  p.v = v.data();
-  p.batch = 1;
-  p.heads_q = hq;
-  p.heads_kv = hkv;
-  p.head_dim = p.head_dim_v = d;
-  p.seqlen_q = sq;
-  p.seqlen_k = sk;
-  p.q_seq_stride = hq * d;
-  p.q_head_stride = d;
-  p.k_seq_stride = p.v_seq_stride = hkv * d;
-  p.k_head_stride = p.v_head_stride = d;
-  p.o_seq_stride = hq * d;
-  p.o_head_stride = d;
-  p.lse_head_stride = sq;
-  p.scale = opt.scale > 0 ? opt.scale : float(1.0 / std::sqrt(double(d)));
-  p.softcap = opt.softcap;
-  p.causal = opt.causal != 0;
-  p.window_left = opt.window_left;
-  p.window_right = opt.window_right;
-  DenseOracle r;
-  r.out64.assign(size_t(sq * hq * d), 0);
-  r.lse64.assign(size_t(hq * sq), 0);
-  r.out32.assign(r.out64.size(), 0);
-  r.lse32.assign(r.lse64.size(), 0);
-  ioattn::naive_attention<double>(p, r.out64.data(), r.lse64.data());
-  ioattn::naive_attention<float>(p, r.out32.data(), r.lse32.data());
-  return r;
+ioattn::test::SequenceMask mask_of(const ioattn_options& opt) {
+  return {opt.causal != 0, opt.window_left, opt.window_right, opt.softcap, opt.scale};
 }
 
 // The FlashAttention-2 rule with f32 output: err <= 2 * err(naive f32) + floor, floor being a few
 // ulp of the output's magnitude.
-void check_close(const float* got, const DenseOracle& o, int64_t count, const char* what) {
+void check_close(const float* got, const SequenceOracle& o, int64_t count, const char* what) {
   double ref_err = 0, got_err = 0, magnitude = 0;
   for (int64_t i = 0; i < count; ++i) {
     REQUIRE(!std::isnan(got[i]));
@@ -227,8 +194,8 @@ void run_kvcache_case(const KvCase& c, std::mt19937& rng) {
   for (int64_t b = 0; b < c.batch; ++b) {
     const int64_t total = cached[size_t(b)] + c.snew;
     std::vector<float> qb(q.begin() + b * c.sq * c.hq * c.d, q.begin() + (b + 1) * c.sq * c.hq * c.d);
-    const DenseOracle o =
-        reference_sequence(qb, logical_k[size_t(b)], logical_v[size_t(b)], c.sq, total, c.hq, c.hkv, c.d, opt);
+    const SequenceOracle o =
+        reference_sequence(qb, logical_k[size_t(b)], logical_v[size_t(b)], c.sq, total, c.hq, c.hkv, c.d, mask_of(opt));
     INFO("sequence " << b << " with " << cached[size_t(b)] << " cached keys");
     check_close(out.data() + b * c.sq * c.hq * c.d, o, c.sq * c.hq * c.d, "out");
     for (int64_t h = 0; h < c.hq; ++h)
@@ -306,7 +273,7 @@ TEST_CASE("varlen packed batches, with empty sequences, match the reference", "[
       std::vector<float> qb(q.begin() + cu_q[b] * hq * d, q.begin() + cu_q[b + 1] * hq * d);
       std::vector<float> kb(k.begin() + cu_k[b] * hkv * d, k.begin() + cu_k[b + 1] * hkv * d);
       std::vector<float> vb(v.begin() + cu_k[b] * hkv * d, v.begin() + cu_k[b + 1] * hkv * d);
-      const DenseOracle o = reference_sequence(qb, kb, vb, lens_q[b], lens_k[b], hq, hkv, d, opt);
+      const SequenceOracle o = reference_sequence(qb, kb, vb, lens_q[b], lens_k[b], hq, hkv, d, mask_of(opt));
       INFO("causal " << causal << " sequence " << b);
       check_close(out.data() + cu_q[b] * hq * d, o, lens_q[b] * hq * d, "out");
       for (int64_t h = 0; h < hq; ++h)
