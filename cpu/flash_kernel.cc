@@ -780,6 +780,8 @@ void DecodeScore(const T* const* krows, const float* q, int64_t D, float* s, Lin
   constexpr int64_t kSteps = kGroupKeys / kStepKeys;
   const int64_t dv = D / kLanes * kLanes;
   VF part[R][kSteps];
+  // A local copy stays in registers; through the reference every step stored its cursor back.
+  LineQueue lq = pq;
   for (int64_t step = 0; step < kSteps; ++step) {
     const T* kr[kStepKeys];
     VF acc[R][kStepKeys];
@@ -789,7 +791,7 @@ void DecodeScore(const T* const* krows, const float* q, int64_t D, float* s, Lin
       for (int r = 0; r < R; ++r) acc[r][k] = hn::Zero(df);
     }
     for (int64_t d = 0; d < dv; d += kLanes) {
-      pq.Issue();
+      lq.Issue();
       VF kv[kStepKeys];
 #pragma GCC unroll 16
       for (int k = 0; k < kStepKeys; ++k) kv[k] = LoadWide(kr[k] + d);
@@ -810,6 +812,7 @@ void DecodeScore(const T* const* krows, const float* q, int64_t D, float* s, Lin
       }
     }
   }
+  pq = lq;
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     if constexpr (kTreeReduce) {
@@ -889,14 +892,15 @@ void DecodeSoftmax(int64_t rows, float scale, float softcap, const Scratch& w, c
 // (row stride kDecodeStride); o: O at the chunk's first row (stride dvp).
 template <class T, int R, int C>
 void DecodePv(const void* const* vrows, int64_t a, int64_t e, const float* p, int64_t col, float* o, int64_t dvp,
-              LineQueue* pq) {
+              LineQueue& pq) {
   const DF df;
   VF acc[R][C];
+  LineQueue lq = pq;
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = hn::Load(df, o + r * dvp + col + c * kLanes);
   for (int64_t j = a; j < e; ++j) {
-    if (pq) pq->Issue();
+    lq.Issue();
     const T* v = static_cast<const T*>(vrows[j]) + col;
     VF vv[C];
 #pragma GCC unroll 16
@@ -907,6 +911,7 @@ void DecodePv(const void* const* vrows, int64_t a, int64_t e, const float* p, in
       for (int c = 0; c < C; ++c) acc[r][c] = hn::MulAdd(pb, vv[c], acc[r][c]);
     }
   }
+  pq = lq;
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) hn::Store(acc[r][c], df, o + r * dvp + col + c * kLanes);
@@ -914,7 +919,7 @@ void DecodePv(const void* const* vrows, int64_t a, int64_t e, const float* p, in
 
 template <class T, int C>
 void DecodePvRows(int R, const void* const* vrows, int64_t a, int64_t e, const float* p, int64_t col, float* o,
-                  int64_t dvp, LineQueue* pq) {
+                  int64_t dvp, LineQueue& pq) {
   switch (R) {
     case 1: return DecodePv<T, 1, C>(vrows, a, e, p, col, o, dvp, pq);
     case 2: return DecodePv<T, 2, C>(vrows, a, e, p, col, o, dvp, pq);
@@ -926,7 +931,7 @@ void DecodePvRows(int R, const void* const* vrows, int64_t a, int64_t e, const f
 // Rows [r0, r0 + R) += P V over keys [a, e) of the block, every column of Dv.
 template <class T>
 void DecodePvRange(const Geometry& g, int R, int64_t r0, int64_t a, int64_t e, const Scratch& w,
-                   LineQueue* pq = nullptr) {
+                   LineQueue& pq) {
   if (a >= e) return;
   const int64_t full = g.Dv / kLanes * kLanes;
   const float* p = w.st + r0 * kDecodeStride;
@@ -958,6 +963,9 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
   const T* vbase = static_cast<const T*>(p.v);
   const bool capped = p.softcap > 0.f;
   const Scratch& w0 = ws[0];
+  // Head 0's rows at the block's positions and the next block's (the row lookup, paged or not,
+  // once per position); head hk's are hk head strides further.
+  const T *kpos[kDecodeStride], *vpos[kDecodeKeys], *knext[kDecodeKeys], *vnext[kDecodeKeys];
   const T* krows[kDecodeStride];
   const char* ahead[2 * kDecodeKeys];
   // Inner steps of one head's block (a full block): the score loop's vector steps per key group
@@ -978,21 +986,27 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
     }
     // Rows that see none of the block keep their state exactly (alpha 1, p 0).
     if (!any_visible) continue;
+    // Lanes past the block's last key score a copy of it, then the softmax masks them.
+    for (int64_t i = 0; i < kDecodeStride; ++i) kpos[i] = kbase + k_offset(p, b, seq, j0 + std::min(i, nk - 1), 0);
+    for (int64_t i = 0; i < nk; ++i) vpos[i] = vbase + v_offset(p, b, seq, j0 + i, 0);
+    const int64_t nn = std::clamp<int64_t>(ke - j0 - kDecodeKeys, 0, kDecodeKeys);
+    for (int64_t i = 0; i < nn; ++i) {
+      knext[i] = kbase + k_offset(p, b, seq, j0 + kDecodeKeys + i, 0);
+      vnext[i] = vbase + v_offset(p, b, seq, j0 + kDecodeKeys + i, 0);
+    }
     for (int64_t hk = 0; hk < g.heads_kv; ++hk) {
       const Scratch& w = ws[hk];
+      const int64_t koff = hk * p.k_head_stride, voff = hk * p.v_head_stride;
       // This head's rows of the next block, issued a few lines per inner step of the score and
       // P V loops below.
-      const int64_t nn = std::clamp<int64_t>(ke - j0 - kDecodeKeys, 0, kDecodeKeys);
       for (int64_t i = 0; i < nn; ++i) {
-        ahead[2 * i] = reinterpret_cast<const char*>(kbase + k_offset(p, b, seq, j0 + kDecodeKeys + i, hk));
-        ahead[2 * i + 1] = reinterpret_cast<const char*>(vbase + v_offset(p, b, seq, j0 + kDecodeKeys + i, hk));
+        ahead[2 * i] = reinterpret_cast<const char*>(knext[i] + koff);
+        ahead[2 * i + 1] = reinterpret_cast<const char*>(vnext[i] + voff);
       }
       const int64_t row_bytes = std::max(g.D, g.Dv) * int64_t(sizeof(T));
       LineQueue pq{ahead, 2 * nn, row_bytes, (2 * nn * ((row_bytes + 63) / 64) + steps - 1) / steps};
-      // Lanes past the block's last key score a copy of it, then the softmax masks them.
-      for (int64_t i = 0; i < kDecodeStride; ++i)
-        krows[i] = kbase + k_offset(p, b, seq, j0 + std::min(i, nk - 1), hk);
-      for (int64_t i = 0; i < nk; ++i) w.vrows[i] = vbase + v_offset(p, b, seq, j0 + i, hk);
+      for (int64_t i = 0; i < kDecodeStride; ++i) krows[i] = kpos[i] + koff;
+      for (int64_t i = 0; i < nk; ++i) w.vrows[i] = vpos[i] + voff;
       for (int64_t i = 0; i < nk; i += kGroupKeys)
         for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
           const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
@@ -1019,15 +1033,15 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
           e = std::min(e, hi);
         }
         fast &= a < e;
-        if (fast) DecodePvRange<T>(g, R, r0, a, e, w, &pq);
+        if (fast) DecodePvRange<T>(g, R, r0, a, e, w, pq);
         for (int64_t r = r0; r < r0 + R; ++r) {
           const int64_t lo = static_cast<int64_t>(w0.lo[r]), hi = static_cast<int64_t>(w0.hi[r]);
           if (!fast) {
-            DecodePvRange<T>(g, 1, r, lo, hi, w);
+            DecodePvRange<T>(g, 1, r, lo, hi, w, pq);
             continue;
           }
-          DecodePvRange<T>(g, 1, r, lo, a, w);
-          DecodePvRange<T>(g, 1, r, e, hi, w);
+          DecodePvRange<T>(g, 1, r, lo, a, w, pq);
+          DecodePvRange<T>(g, 1, r, e, hi, w, pq);
         }
       }
     }
