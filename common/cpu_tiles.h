@@ -28,6 +28,16 @@ constexpr CpuRegisterTile cpu_register_tile(int simd_bits) {
 
 constexpr int cpu_float_lanes(int simd_bits) { return simd_bits / 32; }
 
+// The P V kernel's own shape (the score kernel and the planner keep cpu_register_tile). AVX-512:
+// 6 rows x 4 vectors = 24 accumulators + 4 V loads + 1 broadcast = 29 registers, 64 columns, so
+// Dv = 64 and 128 are whole tiles; the 8 x 3 tile (48 columns) split Dv = 128 into 3 + 3 + 2
+// vectors and Dv = 64 into 3 + 1, and the 8 x 1 remainder (8 chains, 9 loads per 8 FMAs) ran a
+// quarter of the D = 64 P V work at about half speed. Per key it loads 4 + 6 = 10 operands for
+// 24 FMAs (8 x 3: 11). The 48-row panel is 8 groups of 6 rows. AVX2 and narrower keep 6 x 2.
+constexpr CpuRegisterTile cpu_pv_register_tile(int simd_bits) {
+  return simd_bits >= 512 ? CpuRegisterTile{6, 4} : CpuRegisterTile{6, 2};
+}
+
 constexpr int cpu_lcm(int a, int b) {
   int x = a, y = b;
   while (y != 0) {

@@ -25,10 +25,10 @@
 //      key's score for `lanes` query rows, so the row-wise softmax needs no horizontal reduction.
 //   2. Online softmax (common/online_softmax.h): block max per row, rescale factor only where the
 //      max grew, p = exp(s - max_for_exp(m)), running sum l.
-//   3. O += P V with the same register-tile shape: `rows` query rows broadcast from P^T times
-//      `vecs` vectors of V columns from V packed in column panels. O stays unnormalized until
-//      the last block (FlashAttention-2's deferred normalization): one multiply by 1/l per
-//      output element.
+//   3. O += P V with the register tile cpu_pv_register_tile: `rows` query rows broadcast from
+//      P^T times `vecs` vectors of V columns from V packed in column panels of that width. O
+//      stays unnormalized until the last block (FlashAttention-2's deferred normalization): one
+//      multiply by 1/l per output element.
 //
 // Memory per worker, D = Dv = 128, block_kv = 96, 192-row tile (AVX2): the panel's S^T is
 // 96 x 48 x 4 = 18 KiB and stays in L1 through steps 1-3; step 1 keeps one Q^T chunk (2 vectors
@@ -83,21 +83,22 @@ using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(DF()));
 constexpr CpuRegisterTile kTile = cpu_register_tile(static_cast<int>(kLanes) * 32);
+constexpr CpuRegisterTile kPvTile = cpu_pv_register_tile(static_cast<int>(kLanes) * 32);
 // Row PV (keys only some rows of a group see): one row, kRowVecs vector accumulators. 4 chains
 // keep the FMA ports half busy; these keys are a thin edge of the block (the causal diagonal).
 constexpr int kRowVecs = 4;
 // Width of a packed V panel: the PV kernel's columns.
-constexpr int64_t kPanelCols = kTile.vecs * kLanes;
+constexpr int64_t kPanelCols = kPvTile.vecs * kLanes;
 
 // Rows [row0, row0 + rows) of a tile, processed together per key block; mp = rows rounded up
 // to the vector (the stride of the panel's S^T). 48 rows: a whole number of the score kernel's
-// row vectors (AVX2 2 x 8, AVX-512 3 x 16) and of the PV kernel's rows (6 or 8).
+// row vectors (AVX2 2 x 8, AVX-512 3 x 16) and of the PV kernel's rows (6).
 struct Panel {
   int64_t row0, rows, mp;
 };
 constexpr int64_t kPanelRows = 48;
 static_assert(kPanelRows % (kTile.vecs * kLanes) == 0, "panel not a whole score tile");
-static_assert(kPanelRows % kTile.rows == 0, "panel not a whole PV tile");
+static_assert(kPanelRows % kPvTile.rows == 0, "panel not a whole PV tile");
 
 constexpr int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 constexpr size_t AlignBytes(size_t x) { return (x + 63) / 64 * 64; }
@@ -173,7 +174,7 @@ void RowPvChunk(const float* p, int64_t mp, const float* vpack, int64_t vstride,
   const float* vbase[C];
   for (int c = 0; c < C; ++c) {
     acc[c] = hn::Load(df, o + c * kLanes);
-    vbase[c] = vpack + (v0 + c) / kTile.vecs * vstride + (v0 + c) % kTile.vecs * kLanes;
+    vbase[c] = vpack + (v0 + c) / kPvTile.vecs * vstride + (v0 + c) % kPvTile.vecs * kLanes;
   }
   for (int64_t j = j0; j < j1; ++j) {
     const VF pb = hn::Set(df, p[j * mp]);
@@ -203,8 +204,8 @@ constexpr auto ScoreTable(std::index_sequence<C...>) {
 }
 template <size_t... C>
 constexpr auto PvTable(std::index_sequence<C...>) {
-  return std::array<std::array<PvFn, kTile.rows>, sizeof...(C)>{
-      PvRowsTable<static_cast<int>(C) + 1>(std::make_index_sequence<kTile.rows>())...};
+  return std::array<std::array<PvFn, kPvTile.rows>, sizeof...(C)>{
+      PvRowsTable<static_cast<int>(C) + 1>(std::make_index_sequence<kPvTile.rows>())...};
 }
 template <size_t... C>
 constexpr std::array<RowPvFn, sizeof...(C)> RowPvTable(std::index_sequence<C...>) {
@@ -212,7 +213,7 @@ constexpr std::array<RowPvFn, sizeof...(C)> RowPvTable(std::index_sequence<C...>
 }
 
 constexpr auto kScore = ScoreTable(std::make_index_sequence<kTile.vecs>());
-constexpr auto kPv = PvTable(std::make_index_sequence<kTile.vecs>());
+constexpr auto kPv = PvTable(std::make_index_sequence<kPvTile.vecs>());
 constexpr auto kRowPv = RowPvTable(std::make_index_sequence<kRowVecs>());
 
 // ---------------------------------------------------------------------------------------------
@@ -475,11 +476,11 @@ void AccumulatePv(const Geometry& g, const Panel& pn, const Scratch& w) {
   // Keys every row of a group sees go through the register tile; the rest row by row. Column
   // chunks outermost: one chunk of the V panel (block_kv x 64 bytes) stays in L1 while every
   // group of the panel's P^T (also L1) passes over it.
-  constexpr int64_t kGroups = kPanelRows / kTile.rows;
+  constexpr int64_t kGroups = kPanelRows / kPvTile.rows;
   int64_t a[kGroups], e[kGroups];
   bool fast[kGroups];
-  for (int64_t gi = 0; gi * kTile.rows < pn.rows; ++gi) {
-    const int64_t r0 = pn.row0 + gi * kTile.rows, nr = std::min<int64_t>(kTile.rows, pn.row0 + pn.rows - r0);
+  for (int64_t gi = 0; gi * kPvTile.rows < pn.rows; ++gi) {
+    const int64_t r0 = pn.row0 + gi * kPvTile.rows, nr = std::min<int64_t>(kPvTile.rows, pn.row0 + pn.rows - r0);
     a[gi] = 0;
     e[gi] = std::numeric_limits<int64_t>::max();
     bool any_empty = false;
@@ -491,18 +492,18 @@ void AccumulatePv(const Geometry& g, const Panel& pn, const Scratch& w) {
     }
     fast[gi] = !any_empty && a[gi] < e[gi];
   }
-  for (int64_t v = 0; v < vecs_total; v += kTile.vecs) {
-    const int64_t nc = std::min<int64_t>(kTile.vecs, vecs_total - v);
-    const float* panel = w.vpack + (v / kTile.vecs) * w.vstride;
-    for (int64_t gi = 0; gi * kTile.rows < pn.rows; ++gi) {
+  for (int64_t v = 0; v < vecs_total; v += kPvTile.vecs) {
+    const int64_t nc = std::min<int64_t>(kPvTile.vecs, vecs_total - v);
+    const float* panel = w.vpack + (v / kPvTile.vecs) * w.vstride;
+    for (int64_t gi = 0; gi * kPvTile.rows < pn.rows; ++gi) {
       if (!fast[gi]) continue;
-      const int64_t r0 = pn.row0 + gi * kTile.rows, nr = std::min<int64_t>(kTile.rows, pn.row0 + pn.rows - r0);
+      const int64_t r0 = pn.row0 + gi * kPvTile.rows, nr = std::min<int64_t>(kPvTile.rows, pn.row0 + pn.rows - r0);
       kPv[size_t(nc - 1)][size_t(nr - 1)](w.st + a[gi] * pn.mp + (r0 - pn.row0), pn.mp, panel + a[gi] * kPanelCols,
                                           e[gi] - a[gi], w.o + r0 * g.Dvp + v * kLanes, g.Dvp);
     }
   }
-  for (int64_t gi = 0; gi * kTile.rows < pn.rows; ++gi) {
-    const int64_t r0 = pn.row0 + gi * kTile.rows, nr = std::min<int64_t>(kTile.rows, pn.row0 + pn.rows - r0);
+  for (int64_t gi = 0; gi * kPvTile.rows < pn.rows; ++gi) {
+    const int64_t r0 = pn.row0 + gi * kPvTile.rows, nr = std::min<int64_t>(kPvTile.rows, pn.row0 + pn.rows - r0);
     for (int64_t r = r0; r < r0 + nr; ++r) {
       const int64_t lo = static_cast<int64_t>(w.lo[r]), hi = static_cast<int64_t>(w.hi[r]);
       if (!fast[gi]) {
