@@ -130,17 +130,20 @@ template <int R, int C>
 void ScoreTile(const float* kp, const float* qt, int64_t D, float* st, int64_t mp) {
   const DF df;
   VF acc[R][C];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = hn::Zero(df);
   const int64_t panel = D * kLanes;
   for (int64_t d = 0; d < D; ++d) {
     VF qv[C];
     for (int c = 0; c < C; ++c) qv[c] = hn::Load(df, qt + c * panel + d * kLanes);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const VF kb = hn::Set(df, kp[r * D + d]);
       for (int c = 0; c < C; ++c) acc[r][c] = hn::MulAdd(kb, qv[c], acc[r][c]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) hn::Store(acc[r][c], df, st + r * mp + c * kLanes);
 }
@@ -152,6 +155,7 @@ template <int R, int C>
 void PvTile(const float* p, int64_t mp, const float* vp, int64_t n, float* o, int64_t dvp) {
   const DF df;
   VF acc[R][C];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = hn::Load(df, o + r * dvp + c * kLanes);
   for (int64_t j = 0; j < n; ++j) {
@@ -159,11 +163,13 @@ void PvTile(const float* p, int64_t mp, const float* vp, int64_t n, float* o, in
     const float* v = vp + j * kPanelCols;
     for (int c = 0; c < C; ++c) vv[c] = hn::Load(df, v + c * kLanes);
     const float* pj = p + j * mp;
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const VF pb = hn::Set(df, pj[r]);
       for (int c = 0; c < C; ++c) acc[r][c] = hn::MulAdd(pb, vv[c], acc[r][c]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) hn::Store(acc[r][c], df, o + r * dvp + c * kLanes);
 }
