@@ -1,12 +1,15 @@
 // The tiling planner: invariants over a grid of problems on every built-in profile, monotone
 // growth with cache size, thread-count independence of the split, and hand-checked plans,
 // including FlashAttention-1's block rule.
+#include <algorithm>
 #include <numeric>
 #include <vector>
 
 #include "common/cpu_tiles.h"
 #include "common/gpu_tiles.h"
+#include "common/params.h"
 #include "common/planner.h"
+#include "cpu/cpu_backend.h"
 #include "tests/catch.h"
 
 using namespace ioattn;
@@ -170,6 +173,44 @@ TEST_CASE("hand-checked CPU plans") {
     // 1 unit, 72 cores: block_q <= round_up(4096 / 72, 6) = 60, so >= 69 tasks.
     CHECK(p.block_q <= 60);
     CHECK(p.work_items >= 69);
+  }
+}
+
+TEST_CASE("an overridden CPU tile carries its own working set") {
+  // cpu::plan_for_params plans on the host, then replaces the tile with AttnParams::tiling. The
+  // working set must be the one of the tile that runs (the traffic model spills a working set
+  // larger than a level's share there), counted by hand here: fp32 Q^T (block_q x Dp), the K and
+  // V blocks (block_kv x Dp and block_kv x Dvp), the scores (block_q x block_kv) and O
+  // (block_q x Dvp), plus 8 bytes of running max and sum per row.
+  AttnParams p;
+  p.batch = 1;
+  p.heads_q = p.heads_kv = 1;
+  p.seqlen_q = p.seqlen_k = 2048;
+  p.head_dim = 64;
+  p.head_dim_v = 40;  // Dv pads on its own: 40 is a whole number of 8-lane vectors, not of 16
+  p.num_threads = 1;
+  const Plan planned = cpu::plan_for_params(p);
+  const int64_t lanes = std::max(4, detect_host().simd_bits / 32);
+  const int64_t dp = planned.head_dim_padded, dvp = round_up(40, lanes);
+  auto by_hand = [&](int64_t bq, int64_t bkv) {
+    return 4 * (bq * dp + bkv * dp + bkv * dvp + bq * bkv + bq * dvp) + 8 * bq;
+  };
+  CHECK(planned.working_set_bytes == by_hand(planned.block_q, planned.block_kv));
+  SECTION("both blocks") {
+    p.tiling.block_q = 24;
+    p.tiling.block_kv = 32;
+    const Plan q = cpu::plan_for_params(p);
+    REQUIRE(q.block_q == 24);
+    REQUIRE(q.block_kv == 32);
+    CHECK(q.working_set_bytes == by_hand(24, 32));
+    CHECK(q.working_set_bytes < planned.working_set_bytes);
+  }
+  SECTION("one block: the other stays the planner's") {
+    p.tiling.block_kv = 16;
+    const Plan q = cpu::plan_for_params(p);
+    REQUIRE(q.block_q == planned.block_q);
+    REQUIRE(q.block_kv == 16);
+    CHECK(q.working_set_bytes == by_hand(planned.block_q, 16));
   }
 }
 
