@@ -84,43 +84,162 @@ void set(BoundaryTraffic* b, double fr, double fw, double sr, double sw) {
 // Capacity a level offers to data that all cores read (see MemoryLevel::partitions).
 double shared_capacity(const MemoryLevel& l) { return double(l.size_bytes) / std::max(1, l.partitions); }
 
-// The fraction of a cyclically reused footprint that an LRU cache of `capacity` bytes keeps from one
-// pass to the next. With the associativity known, lines are taken to fall into sets at random
-// (Poisson, mean footprint lines / sets): a line survives when at most ways - 1 other lines of
-// the footprint share its set. This gives partial reuse near capacity, where a set-associative
-// LRU keeps some sets and loses others (cachegrind: a 418 KiB footprint in a 512 KiB 8-way LL
-// lost about a third of it per pass). Without it (ways = 0), the fully associative rule.
-double lru_kept_fraction(double footprint, double capacity, int ways, double line) {
-  if (footprint <= 0) return 1.0;
-  if (ways <= 0 || capacity <= 0) return footprint <= capacity ? 1.0 : 0.0;
-  const double sets = std::max(1.0, capacity / (double(ways) * line));
-  const double lambda = footprint / line / sets;
-  double term = std::exp(-lambda), cdf = term;
-  for (int k = 1; k < ways; ++k) {
-    term *= lambda / double(k);
-    cdf += term;
+// Whether a use hits in a set-associative LRU level, set by set. A use of a line hits when fewer
+// than `ways` other lines of its set were touched since its previous use; the lines touched in
+// between (the window) are a few buffers. A contiguous buffer of B bytes puts B / way_bytes lines
+// into every set (way_bytes = capacity / ways): the floor of that or one more, and which sets get
+// one more depends on where the buffer starts, which is not known relative to the other buffers,
+// so that is taken as independent per buffer. Where a footprint just exceeds a level this keeps
+// what set-by-set LRU keeps (a buffer of 7.5 lines per set in an 8-way level: every set, since
+// none gets 9), unlike random placement. The V copy is the exception: a key block's V lines are
+// cc column chunks head_keys x chunk_row bytes apart (cpu/flash_kernel.cc, PackRows), so their
+// sets are known: chunks whose offsets agree modulo the way size stack in the same sets (1024
+// keys at 64 B per key per chunk is exactly one way of a 512 KiB 8-way L2), counted line by line.
+class SetOccupancy {
+ public:
+  // capacity: bytes of the level (a worker's share); ways = 0: fully associative.
+  SetOccupancy(double capacity, int ways, double line, double v_stride, double v_key_bytes, int64_t v_chunks)
+      : cap_(capacity), ways_(ways), line_(line), v_stride_(v_stride), v_key_bytes_(v_key_bytes), v_chunks_(v_chunks) {
+    sets_ = ways > 0 ? std::max<int64_t>(1, int64_t(capacity / (double(ways) * line))) : 1;
+    way_bytes_ = double(sets_) * line;
   }
-  return std::min(1.0, cdf);
-}
 
-// Head mode's V copy is laid out in column panels head_keys x panel_cols x 4 bytes apart, so the
-// cc chunks of one key block sit that far apart. Where that stride is (close to) a multiple of the
-// cache's way size, the chunks fall into the same sets: returns how many chunks cover the most
-// loaded set, from the chunks' offsets modulo the way size.
-double v_chunks_per_set(double stride, double chunk_bytes, double chunks, double way_bytes) {
-  if (way_bytes <= 0 || chunks <= 1) return 1.0;
-  double most = 1;
-  for (double c = 0; c < chunks; ++c) {
-    const double start = std::fmod(c * stride, way_bytes);
-    double cover = 0;
-    for (double o = 0; o < chunks; ++o) {
-      // Chunk o covers chunk c's first line when c starts less than one chunk after o.
-      if (std::fmod(start - std::fmod(o * stride, way_bytes) + way_bytes, way_bytes) < chunk_bytes) cover += 1;
-    }
-    most = std::max(most, cover);
+  // Where own indexes `buffers`: the V copy's lines in the window, if any.
+  static constexpr size_t kVCopy = size_t(-1);
+
+  // Fraction of the lines of buffers[own] (own = kVCopy: of the V copy's v_keys keys) whose next
+  // use hits, with the window's other contiguous buffers and v_keys keys of the V copy touched
+  // since the previous use.
+  double hit(const std::vector<double>& buffers, size_t own, double v_keys) {
+    if (own != kVCopy && buffers[own] <= 0) return 1.0;
+    if (ways_ <= 0) return fits(buffers, v_keys);
+    // The same windows recur for every tile and block of a shape: remember them.
+    std::vector<double> key = buffers;
+    key.push_back(double(own));
+    key.push_back(v_keys);
+    auto it = memo_.find(key);
+    if (it != memo_.end()) return it->second;
+    const double h = compute(buffers, own, v_keys);
+    memo_.emplace(std::move(key), h);
+    return h;
   }
-  return most;
-}
+
+ private:
+  double compute(const std::vector<double>& buffers, size_t own, double v_keys) {
+    const Hist& v = v_hist(v_keys);
+    // Exact where no set can overflow (at most ways lines in every set: every use hits) or every
+    // set does.
+    double most = 0, least = 0;
+    for (double b : buffers) {
+      most += std::ceil(b / way_bytes_);
+      least += std::floor(b / way_bytes_);
+    }
+    size_t kmax = 0;
+    for (size_t k = 0; k < v.sets.size(); ++k)
+      if (v.sets[k] > 0) kmax = k;
+    if (most + double(kmax) <= double(ways_)) return 1.0;
+    if (least > double(ways_)) return 0.0;
+    double hit = 0;
+    if (own == kVCopy) {
+      const std::vector<double> u = load(buffers);
+      for (size_t k = 1; k < v.lines.size(); ++k) hit += v.lines[k] * at_most(u, ways_ - int(k));
+      return hit;
+    }
+    const double x = buffers[own] / way_bytes_, f = std::floor(x), phi = x - f;
+    std::vector<double> others = buffers;
+    others.erase(others.begin() + std::ptrdiff_t(own));
+    const std::vector<double> u = load(others);
+    // The buffer's own lines in the set of a random one of its lines (size-biased: f + 1 with
+    // probability (f + 1) phi / x, f otherwise).
+    for (int m = int(f); m <= int(f) + 1; ++m) {
+      const double pm = (m == int(f) ? f * (1 - phi) : (f + 1) * phi) / x;
+      for (size_t k = 0; k < v.sets.size(); ++k) hit += pm * v.sets[k] * at_most(u, ways_ - m - int(k));
+    }
+    return hit;
+  }
+
+  struct Hist {
+    std::vector<double> sets;   // [k]: fraction of the sets holding k V lines (the last entry: more than ways)
+    std::vector<double> lines;  // [k]: fraction of the V lines lying in such sets
+  };
+
+  double fits(const std::vector<double>& buffers, double v_keys) const {
+    double bytes = v_keys * v_key_bytes_ * double(v_chunks_);
+    for (double b : buffers) bytes += b;
+    return bytes <= cap_ ? 1.0 : 0.0;
+  }
+
+  // Distribution of the lines per set of independent contiguous buffers, truncated: entry
+  // ways + 1 stands for more than ways.
+  std::vector<double> load(const std::vector<double>& buffers) const {
+    std::vector<double> d(size_t(ways_) + 2, 0.0);
+    d[0] = 1;
+    for (double b : buffers) {
+      const double x = b / way_bytes_, f = std::floor(x), phi = x - f;
+      std::vector<double> n(d.size(), 0.0);
+      for (size_t i = 0; i < d.size(); ++i) {
+        n[std::min(d.size() - 1, i + size_t(f))] += d[i] * (1 - phi);
+        n[std::min(d.size() - 1, i + size_t(f) + 1)] += d[i] * phi;
+      }
+      d = n;
+    }
+    return d;
+  }
+
+  static double at_most(const std::vector<double>& d, int n) {
+    double p = 0;
+    for (int i = 0; i <= n && i < int(d.size()); ++i) p += d[size_t(i)];
+    return p;
+  }
+
+  // V lines per set for a run of `keys` consecutive keys: chunk c starts c * stride bytes after
+  // chunk 0 and holds keys * v_key_bytes; where the run starts only rotates the sets.
+  const Hist& v_hist(double keys) {
+    const int64_t nkeys = int64_t(keys);
+    auto it = hist_.find(nkeys);
+    if (it != hist_.end()) return it->second;
+    Hist h;
+    h.sets.assign(size_t(ways_) + 2, 0.0);
+    h.lines.assign(size_t(ways_) + 2, 0.0);
+    const int64_t len = int64_t(std::ceil(double(nkeys) * v_key_bytes_ / line_));
+    if (len <= 0 || v_chunks_ <= 0) {
+      h.sets[0] = 1;
+      return hist_.emplace(nkeys, h).first->second;
+    }
+    std::vector<int64_t> add(size_t(sets_) + 1, 0);
+    int64_t base = 0;
+    for (int64_t c = 0; c < v_chunks_; ++c) {
+      const int64_t start = int64_t(std::fmod(double(c) * v_stride_ / line_, double(sets_)));
+      base += len / sets_;
+      const int64_t rem = len % sets_, end = start + rem;
+      add[size_t(start)] += 1;
+      add[size_t(std::min(end, sets_))] -= 1;
+      if (end > sets_) {
+        add[0] += 1;
+        add[size_t(end - sets_)] -= 1;
+      }
+    }
+    int64_t run = 0;
+    const double total = double(len * v_chunks_);
+    for (int64_t s = 0; s < sets_; ++s) {
+      run += add[size_t(s)];
+      const int64_t k = base + run;
+      const size_t at = size_t(std::min<int64_t>(k, ways_ + 1));
+      h.sets[at] += 1.0 / double(sets_);
+      h.lines[at] += double(k) / total;
+    }
+    return hist_.emplace(nkeys, h).first->second;
+  }
+
+  double cap_;
+  int ways_;
+  double line_, v_stride_, v_key_bytes_;
+  int64_t v_chunks_;
+  int64_t sets_ = 1;
+  double way_bytes_ = 0;
+  std::map<int64_t, Hist> hist_;
+  std::map<std::vector<double>, double> memo_;
+};
 
 // ---- CPU ----------------------------------------------------------------------------------
 // Flash attention at the innermost boundary (L1d-L2), by walking the CPU kernel's own loop nest
@@ -143,10 +262,12 @@ struct CpuKernelShape {
   int64_t lanes, score_vecs, pv_rows, panel_cols;
 };
 
+// The score kernel's row vectors per chunk; the P V kernel's rows and V panel width (its own tile
+// since 964956b: 6 x 4 vectors on AVX-512, 64 columns; 6 x 2 on AVX2).
 CpuKernelShape cpu_kernel_shape(const HardwareProfile& hw) {
   const int64_t lanes = std::max(4, hw.simd_bits / 32);
-  const CpuRegisterTile t = cpu_register_tile(hw.simd_bits);
-  return {lanes, t.vecs, t.rows, t.vecs * lanes};
+  const CpuRegisterTile t = cpu_register_tile(hw.simd_bits), pv = cpu_pv_register_tile(hw.simd_bits);
+  return {lanes, t.vecs, pv.rows, pv.vecs * lanes};
 }
 
 // P V's fills of V and S^T lines in one panel-step. Each use is decided by its LRU stack distance:
@@ -158,14 +279,15 @@ CpuKernelShape cpu_kernel_shape(const HardwareProfile& hw) {
 // [l0, l1], and stores the O lines. Each distance below counts the lines the passes between two
 // uses touch: exact for panels whose groups all see the same keys, the hull of the groups' key
 // ranges where a mask makes them differ. Against a line-level LRU simulation of this loop nest
-// (bench/traffic/l1_sim.py, fully associative) at the 18 f32 one-head cachegrind shapes, the V and
-// S^T fills agree within 5% (12% at S=256, D=128 causal). Left out: an 8-way L1 overflows set by
-// set, so where a window just exceeds `cap` it keeps some uses this rule loses (the 8-way
-// simulation fills 6-10% fewer V and S^T lines at 13 of those 18 shapes, 1-8% more at four, and 28%
-// fewer at S=256, D=64, where one group's V chunk and S^T lines are 256 + 256 lines, the whole L1);
-// and O lines that the rescale touched and P V's earlier chunks evicted are filled twice, which
-// depends on which rows' max grew (1-4% of the L1 traffic in the simulation, which rescales every
-// row). The two roughly cancel.
+// (bench/traffic/l1_sim.py, fully associative) at the 18 f32 one-head cachegrind shapes of the
+// 2026-12-02 plans, the V and S^T fills agree within 5% (12% at S=256, D=128 causal). With the
+// level's ways given, the window is judged set by set instead (SetOccupancy: the V chunk, S^T and
+// O lines spread over the sets): an 8-way L1 keeps a window of a little over 512 lines wherever
+// no set gets a ninth, which the fully associative rule loses whole (S=256, D=64 and D=128 at a
+// 256-key block: one group's V chunk and S^T lines are 256 + 256 lines, the whole L1; the
+// simulation's 8-way run fills 28% fewer V and S^T lines there). Left out: O lines that the
+// rescale touched and P V's earlier chunks evicted are filled twice, which depends on which rows'
+// max grew (1-4% of the L1 traffic in the simulation, which rescales every row).
 struct PvGroup {
   int64_t a, e;    // keys all the group's rows see, relative to the block
   int64_t l0, l1;  // the S^T lines (within a key's row) its floats lie in
@@ -188,8 +310,16 @@ double union_len(int64_t a0, int64_t a1, int64_t b0, int64_t b1) {
 // rescale between the softmax and P V walks them all, as on a tile's first block where every row's
 // max grows from -inf); vl: lines per key of a V column chunk (and per row of an O chunk).
 PvFills pv_fills(const std::vector<PvGroup>& fg, double nk, double st_row, double st_chunk, double o_panel, double vl,
-                 double cap) {
+                 SetOccupancy& l1) {
   PvFills f;
+  // A use with these lines touched since the previous one (its own kind counted without the line
+  // itself, then with it): V, S^T and O lines; own 0 for a V line, 1 for an S^T line.
+  auto hit = [&](double v, double st, double o, size_t own) {
+    std::vector<double> lines = {v, st, o};
+    lines[own] += 1;
+    for (double& x : lines) x *= kLine;
+    return l1.hit(lines, own, 0);
+  };
   const size_t n = fg.size();
   for (size_t i = 0; i < n; ++i) {
     const PvGroup& g = fg[i];
@@ -209,9 +339,8 @@ PvFills pv_fills(const std::vector<PvGroup>& fg, double nk, double st_row, doubl
     const double lg = double(g.l1 - g.l0 + 1), lp = p ? double(p->l1 - p->l0 + 1) : 0.0;
     double near_hits = 0;
     for (int64_t j = k0; j < k1; ++j) {
-      const double dist = vl * double(p->e - 1 - g.a) + lp * double(p->e - 1 - j) + lg * double(j - g.a) +
-                          vl * double(p->rows + g.rows);
-      near_hits += dist < cap ? 1.0 : 0.0;
+      near_hits += hit(vl * double(p->e - 1 - g.a), lp * double(p->e - 1 - j) + lg * double(j - g.a),
+                       vl * double(p->rows + g.rows), 0);
     }
     // V: every key the previous group did not walk is new to this chunk.
     const double v_miss = vl * (double(g.e - g.a) - near_hits);
@@ -258,13 +387,12 @@ PvFills pv_fills(const std::vector<PvGroup>& fg, double nk, double st_row, doubl
         const double v_cur = i > 0 ? union_len(before0, before1, g.a, j) : double(j - g.a);
         const double v_prev =
             q + 1 < n ? union_len(after0, after1, j + 1, fg[q].e) : double(std::max<int64_t>(0, fg[q].e - 1 - j));
-        f.first += st_first + o_panel + vl * v_cur < cap ? 0.0 : 1.0;
+        f.first += 1.0 - hit(vl * v_cur, st_first, o_panel, 1);
         // Later chunks: between the use by q in the previous chunk and this one, every group's S^T
         // lines once (st_chunk), the previous chunk's V keys after j (all of them if a group after
         // q walks them), this chunk's V keys before j (likewise for the groups before g), and the
         // O lines of the passes from q to the end of the previous chunk and up to g in this one.
-        f.later +=
-            st_chunk + vl * (v_prev + v_cur) + vl * (rows_after + rows_before + double(g.rows)) < cap ? 0.0 : 1.0;
+        f.later += 1.0 - hit(vl * (v_prev + v_cur), st_chunk - 1, vl * (rows_after + rows_before + double(g.rows)), 1);
       }
     }
   }
@@ -273,8 +401,8 @@ PvFills pv_fills(const std::vector<PvGroup>& fg, double nk, double st_row, doubl
 
 // Bytes one panel-step (one panel of a tile against one key block of nk keys starting at j0)
 // moves across L1d-L2. lo/hi: each panel row's visible keys, relative to j0.
-double cpu_flash_panel_l1(const CpuKernelShape& ks, double l1, double dp, double dvp, double nk,
-                          const std::vector<int64_t>& lo, const std::vector<int64_t>& hi, double* v_block) {
+double cpu_flash_panel_l1(const CpuKernelShape& ks, double l1, int ways, double dp, double dvp, double nk,
+                          const std::vector<int64_t>& lo, const std::vector<int64_t>& hi) {
   const int64_t pr = int64_t(lo.size());
   const double mp = round_up_d(double(pr), double(ks.lanes));
   const double kblk = nk * dp * 4, st = nk * mp * 4;
@@ -322,7 +450,6 @@ double cpu_flash_panel_l1(const CpuKernelShape& ks, double l1, double dp, double
     span0 = std::min(span0, g.a);
     span1 = std::max(span1, g.e);
   }
-  *v_block += cc * double(span1 - span0) * chunk_row;
   // S^T lines one column chunk reads: per key, the lines from the first to the last group
   // that sees it.
   double st_lines = uniform ? double(span1 - span0) * double((pr * 4 - 1) / int64_t(kLine) + 1) : 0.0;
@@ -336,15 +463,14 @@ double cpu_flash_panel_l1(const CpuKernelShape& ks, double l1, double dp, double
     }
     if (l0 >= 0) st_lines += double(l1 - l0 + 1);
   }
-  const PvFills f = pv_fills(fg, nk, mp * 4 / kLine, st_lines, double(pr) * dvp * 4 / kLine, chunk_row / kLine,
-                             std::floor(l1 / kLine));
+  SetOccupancy sets(std::floor(l1 / kLine) * kLine, ways, kLine, 0, 0, 0);
+  const PvFills f = pv_fills(fg, nk, mp * 4 / kLine, st_lines, double(pr) * dvp * 4 / kLine, chunk_row / kLine, sets);
   bytes += (f.first + (cc - 1) * f.later) * kLine;
   return bytes;
 }
 
 struct UnitL1 {
   double tiles = 0, packing = 0, steps = 0;  // per tile (and split), K/V packing, panel-steps
-  double v_block = 0;  // the V keys the panel-steps read, summed over them (each panel reads its block's V)
   double total() const { return tiles + packing + steps; }
 };
 
@@ -352,7 +478,8 @@ struct UnitL1 {
 // split): Q read and packed as Q^T, O zeroed, then written out (or as a split partial that the
 // merge reads back); per key block in tile mode (or once per unit in head mode): K/V read and
 // packed to f32. Then every panel-step above.
-UnitL1 cpu_flash_unit_l1(const Problem& pr, const Plan& plan, const CpuKernelShape& ks, double l1, bool head_mode) {
+UnitL1 cpu_flash_unit_l1(const Problem& pr, const Plan& plan, const CpuKernelShape& ks, double l1, int ways,
+                         bool head_mode) {
   const int64_t group = pr.heads_kv > 0 ? std::max<int64_t>(1, pr.heads_q / pr.heads_kv) : 1;
   const int64_t positions = std::max<int64_t>(1, plan.block_q / group);
   const int64_t bkv = std::max(1, plan.block_kv);
@@ -364,7 +491,7 @@ UnitL1 cpu_flash_unit_l1(const Problem& pr, const Plan& plan, const CpuKernelSha
   const double dvq = round_up_d(double(pr.head_dim_v), double(ks.panel_cols));
   const double kv_src = double(pr.head_dim + pr.head_dim_v) * kb, kv_packed = (dp + dvq) * 4;
   UnitL1 u;
-  std::map<std::vector<int64_t>, std::pair<double, double>> seen;  // panel shape -> (bytes, V bytes)
+  std::map<std::vector<int64_t>, double> seen;  // panel shape -> bytes
   int64_t union_begin = pr.seqlen_k, union_end = 0;
   for (int64_t p0 = 0; p0 < pr.seqlen_q; p0 += positions) {
     const int64_t npos = std::min(positions, pr.seqlen_q - p0), rows = npos * group;
@@ -412,18 +539,308 @@ UnitL1 cpu_flash_unit_l1(const Problem& pr, const Plan& plan, const CpuKernelSha
         key.insert(key.end(), hi.begin(), hi.end());
         key.push_back(j1 - j0);
         auto it = seen.find(key);
-        if (it == seen.end()) {
-          double v = 0;
-          const double b = cpu_flash_panel_l1(ks, l1, dp, dvp, nk, lo, hi, &v);
-          it = seen.emplace(std::move(key), std::make_pair(b, v)).first;
-        }
-        u.steps += it->second.first;
-        u.v_block += it->second.second;
+        if (it == seen.end()) it = seen.emplace(std::move(key), cpu_flash_panel_l1(ks, l1, ways, dp, dvp, nk, lo, hi)).first;
+        u.steps += it->second;
       }
     }
   }
   if (head_mode && union_end > union_begin) u.packing += double(union_end - union_begin) * (kv_src + kv_packed);
   return u;
+}
+
+// Past L1: what a level (one worker's share of it) loses inside a tile, where the L1 rules above
+// count every use. Per key block, each panel reads the block's K rows (the score pass reads all of
+// them), writes its S^T and reads the V keys its rows see; per tile, each block reads every
+// panel's Q^T and O rows. The reuses, with the lines touched between them (the windows):
+//  (a) a K row and an S^T line from one visible panel of a block to the next: the K block, the
+//      S^T, the previous panel's V keys and O rows and one chunk of Q^T rows (the first score
+//      chunk); a V line likewise, with this panel's Q^T and O rows instead of the chunk;
+//  (b) a panel's Q^T and O rows from the last block the panel saw to the next (or from the tile's
+//      packing of Q^T, which reads the tile's Q rows, and zeroing of O): the tile's whole Q^T and
+//      O, the S^T, and the K and V keys of the blocks walked in between (the earlier block's
+//      from the next panel on, the later block's up to this panel).
+// Head mode reads K/V from the per-head copy, whose first read per block the copy's residency rule
+// counts. Tile mode packs each block into one of two buffers, the next block a slice per panel
+// while this one computes (RunTileBlocks); that adds, per tile and split:
+//  (c) the packing's writes, which fill the buffer lines the block before last read (the windows
+//      of (a) and (b) then also hold the slices being packed: the caller's rows and the buffer);
+//  (d) the first read of each packed slice, by the block's first visible panel: in between, the
+//      panels after the slice's of the block before, and the later slices' packing;
+//  (e) the tile's buffers again at its start (Q^T packed, O zeroed, the first two blocks packed)
+//      where the tile before evicted them: returned apart (tile_refill), the first tile of a unit
+//      being cold on a worker that starts with it.
+// And in both modes (f): the O rows read for the output after the panel's last block (the rest of
+// that block and the blocks after it, and the rows written out before, in between).
+// A use whose window overflows its set is filled again (SetOccupancy). In tile mode V is taken as
+// contiguous (its panels are block_kv x chunk bytes apart: aliasing needs block_kv near a
+// multiple of the way size over the chunk bytes, 1024 keys at 64 B per chunk on zen3's L2).
+struct TileRefills {
+  double inside = 0;        // (a)-(d) and (f), summed over the unit's tiles
+  double tile_refill = 0;   // (e) for the unit's tiles after its first
+  double first_tile = 0;    // (e) for its first tile
+  double touched = 0;       // tile mode: bytes of scratch a tile touches (the most over the unit's tiles)
+};
+
+TileRefills cpu_tile_refills(const Problem& pr, const Plan& plan, const CpuKernelShape& ks, SetOccupancy& sets,
+                             bool head_mode) {
+  const int64_t group = pr.heads_kv > 0 ? std::max<int64_t>(1, pr.heads_q / pr.heads_kv) : 1;
+  const int64_t positions = std::max<int64_t>(1, plan.block_q / group);
+  const int64_t bkv = std::max(1, plan.block_kv);
+  const int64_t splits = head_mode ? 1 : std::max(1, plan.kv_splits);
+  const int64_t right = effective_window_right(pr.causal, pr.window_right);
+  const double dp = plan.head_dim_padded > 0 ? plan.head_dim_padded : round_up_d(double(pr.head_dim), double(ks.lanes));
+  const double dvp = round_up_d(double(pr.head_dim_v), double(ks.lanes));
+  const double dvq = round_up_d(double(pr.head_dim_v), double(ks.panel_cols));
+  const double k_key = double(pr.head_dim) * 4, v_key = dvq * 4;
+  const double src_key = double(pr.head_dim + pr.head_dim_v) * dtype_bytes(pr.kv_dtype);
+  const double q_chunk = double(ks.score_vecs * ks.lanes) * dp * 4;
+  const size_t kV = SetOccupancy::kVCopy;
+  struct PanelUse {
+    bool visible = false;
+    int64_t v0 = 0, v1 = 0;  // the V keys its rows see, relative to the block
+  };
+  TileRefills out;
+  bool first = true;
+  // What a tile leaves for the next one's start: its last block's keys, its O and output rows,
+  // its S^T.
+  struct TileEnd {
+    double last_keys = 0, o = 0, out = 0, st = 0;
+  };
+  // What a tile's start refills: its Q^T and O, the caller's Q rows it reads, and (tile mode) the
+  // keys of the first two blocks it packs.
+  struct TileStart {
+    double qt = 0, o = 0, q_src = 0, firsts = 0;
+  };
+  TileEnd prev_end;
+  TileStart first_start;
+  int64_t union0 = pr.seqlen_k, union1 = 0;
+  // Q^T: the rest of the tile before's last block (its K and V, S^T), its output (O and the
+  // caller's rows), and half this tile's Q rows (those read before the row's). O: the output,
+  // this tile's Q rows and Q^T. S^T: likewise. The buffers: both, as the tile before's last two
+  // blocks read them, with the rest of it and the first block's rows. `before`: what else came
+  // in between.
+  auto v_copy = [&](double v_keys) { return head_mode ? v_keys : 0.0; };
+  auto refill = [&](const TileStart& t, const TileEnd& e, const std::vector<double>& before) {
+    std::vector<double> qw = {t.qt, e.o, e.out, t.q_src / 2, e.st, e.last_keys * k_key};
+    std::vector<double> ow = {t.o, e.out, t.q_src, t.qt};
+    std::vector<double> sw = {e.st, e.o, e.out, t.q_src, t.qt};
+    for (auto* w : {&qw, &ow, &sw}) w->insert(w->end(), before.begin(), before.end());
+    if (!head_mode) qw.push_back(e.last_keys * v_key);
+    double r = t.qt * (1 - sets.hit(qw, 0, v_copy(e.last_keys))) + t.o * (1 - sets.hit(ow, 0, 0)) +
+               e.st * (1 - sets.hit(sw, 0, 0));
+    if (!head_mode) {
+      const double bufs = std::min(2.0 * double(bkv), std::max(t.firsts, 2 * e.last_keys));
+      std::vector<double> bw = {bufs * k_key, bufs * v_key, t.qt, e.o, e.out, t.q_src, e.st, t.firsts * src_key / 2};
+      bw.insert(bw.end(), before.begin(), before.end());
+      r += t.firsts * (k_key * (1 - sets.hit(bw, 0, 0)) + v_key * (1 - sets.hit(bw, 1, 0)));
+    }
+    return r;
+  };
+  for (int64_t p0 = 0; p0 < pr.seqlen_q; p0 += positions) {
+    const int64_t rows = std::min(positions, pr.seqlen_q - p0) * group;
+    const double mp = round_up_d(double(rows), double(ks.lanes));
+    std::vector<int64_t> vb(static_cast<size_t>(rows)), ve(static_cast<size_t>(rows));
+    int64_t u0 = pr.seqlen_k, u1 = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const KeyRange k = visible_keys(p0 + r / group, pr.seqlen_q, pr.seqlen_k, pr.window_left, right);
+      vb[size_t(r)] = k.begin;
+      ve[size_t(r)] = k.end;
+      if (k.end > k.begin) {
+        u0 = std::min(u0, k.begin);
+        u1 = std::max(u1, k.end);
+      }
+    }
+    if (u1 <= u0) continue;
+    union0 = std::min(union0, u0);
+    union1 = std::max(union1, u1);
+    const int64_t nb = (u1 - u0 + bkv - 1) / bkv, panels = (rows + kCpuPanelRows - 1) / kCpuPanelRows;
+    const double qt_tile = mp * dp * 4, o_tile = mp * dvp * 4;
+    const double q_src = double(rows) * double(pr.head_dim) * dtype_bytes(pr.dtype);
+    const double out_rows = double(rows) * double(pr.head_dim_v) * dtype_bytes(pr.dtype);
+    std::vector<std::vector<PanelUse>> use(static_cast<size_t>(nb), std::vector<PanelUse>(static_cast<size_t>(panels)));
+    std::vector<int64_t> keys(static_cast<size_t>(nb));
+    for (int64_t k = 0; k < nb; ++k) {
+      const int64_t j0 = std::max(u0, u1 - (nb - k) * bkv), j1 = u1 - (nb - 1 - k) * bkv;
+      keys[size_t(k)] = j1 - j0;
+      for (int64_t i = 0; i < panels; ++i) {
+        PanelUse& u = use[size_t(k)][size_t(i)];
+        u.v0 = j1 - j0;
+        for (int64_t r = i * kCpuPanelRows; r < std::min(rows, (i + 1) * kCpuPanelRows); ++r) {
+          const int64_t lo = std::clamp<int64_t>(vb[size_t(r)] - j0, 0, j1 - j0);
+          const int64_t hi = std::clamp<int64_t>(ve[size_t(r)] - j0, lo, j1 - j0);
+          if (lo >= hi) continue;
+          u.visible = true;
+          u.v0 = std::min(u.v0, lo);
+          u.v1 = std::max(u.v1, hi);
+        }
+      }
+    }
+    auto panel_rows = [&](int64_t i) { return double(std::min(rows, (i + 1) * kCpuPanelRows) - i * kCpuPanelRows); };
+    auto panel_mp = [&](int64_t i) { return round_up_d(panel_rows(i), double(ks.lanes)); };
+    auto any_visible = [&](int64_t k, int64_t from, int64_t to) {
+      for (int64_t i = from; i < to; ++i)
+        if (use[size_t(k)][size_t(i)].visible) return true;
+      return false;
+    };
+    // Tile mode's pipeline: during block b (of a split ending at kb1) the next block is packed a
+    // slice of ceil(keys / panels) keys before each panel after the first, the last slice after them.
+    int64_t kb1 = 0;
+    auto packed_during = [&](int64_t b) { return !head_mode && b + 1 < kb1 ? double(keys[size_t(b + 1)]) : 0.0; };
+    auto packed_before = [&](int64_t b, int64_t i) {
+      const double n = packed_during(b);
+      return std::min(n, double(i) * std::ceil(n / double(panels)));
+    };
+    // V keys in a window: the copy's (head mode), or a contiguous buffer appended to w (tile mode).
+    auto with_v = [&](std::vector<double> w, double v_keys) {
+      if (!head_mode) w.push_back(v_keys * v_key);
+      return w;
+    };
+    for (int64_t split = 0; split < splits; ++split) {
+      const int64_t kb0 = split * nb / splits;
+      kb1 = (split + 1) * nb / splits;
+      if (kb0 >= kb1) continue;
+      double inside = 0;
+      for (int64_t k = kb0; k < kb1; ++k) {
+        const double nk = double(keys[size_t(k)]);
+        // Tile mode: the slice of the next block packed before each panel after the first.
+        const double next = !head_mode && k + 1 < kb1 ? double(keys[size_t(k + 1)]) : 0.0;
+        const double slice = std::ceil(next / double(panels));
+        const double slice_bytes = slice * (src_key + k_key + v_key);
+        // (a) From one visible panel of the block to the next.
+        int64_t prev = -1;
+        for (int64_t i = 0; i < panels; ++i) {
+          const PanelUse& u = use[size_t(k)][size_t(i)];
+          if (!u.visible) continue;
+          if (prev >= 0) {
+            const PanelUse& q = use[size_t(k)][size_t(prev)];
+            const double hull = double(std::max(u.v1, q.v1) - std::min(u.v0, q.v0));
+            const double st = nk * std::max(panel_mp(i), panel_mp(prev)) * 4, o_prev = panel_rows(prev) * dvp * 4;
+            const std::vector<double> kw = with_v({nk * k_key, st, o_prev, q_chunk, slice_bytes}, double(q.v1 - q.v0));
+            std::vector<double> vw = {nk * k_key, st, o_prev, panel_mp(i) * dp * 4, panel_rows(i) * dvp * 4, slice_bytes};
+            vw = with_v(vw, hull);
+            inside += nk * k_key * (1 - sets.hit(kw, 0, v_copy(double(q.v1 - q.v0)))) +
+                      nk * panel_mp(i) * 4 * (1 - sets.hit(kw, 1, v_copy(double(q.v1 - q.v0)))) +
+                      double(u.v1 - u.v0) * v_key * (1 - sets.hit(vw, head_mode ? kV : vw.size() - 1, v_copy(hull)));
+          }
+          prev = i;
+        }
+        // (b) Each visible panel's Q^T and O rows since their previous use.
+        for (int64_t i = 0; i < panels; ++i) {
+          if (!use[size_t(k)][size_t(i)].visible) continue;
+          int64_t last = -1;
+          for (int64_t b = k - 1; b >= kb0 && last < 0; --b)
+            if (use[size_t(b)][size_t(i)].visible) last = b;
+          double between = 0, st_keys = 0;  // keys whose K rows and V lines were walked in between; the longest block
+          auto walked = [&](int64_t b) {
+            between += double(keys[size_t(b)]);
+            st_keys = std::max(st_keys, double(keys[size_t(b)]));
+          };
+          if (last >= 0 && any_visible(last, i + 1, panels)) walked(last);
+          for (int64_t b = last + 1; b < k; ++b)
+            if (any_visible(b, 0, panels)) walked(b);
+          if (any_visible(k, 0, i)) walked(k);
+          // Tile mode: the keys packed meanwhile (the caller's rows read, the other buffer written).
+          double packed = last < 0 ? double(keys[size_t(kb0)]) : packed_during(last) - packed_before(last, i);
+          for (int64_t b = last + 1; b < k; ++b) packed += packed_during(b);
+          packed += packed_before(k, i);
+          std::vector<double> w = {qt_tile, o_tile};
+          if (between > 0) w.push_back(st_keys * double(kCpuPanelRows) * 4);
+          if (last < 0) w.push_back(q_src);
+          if (head_mode) {
+            w.push_back(between * k_key);
+          } else {
+            w.push_back(std::min(2.0 * double(bkv), between + packed) * (k_key + v_key));
+            w.push_back(packed * src_key);
+          }
+          inside += panel_mp(i) * dp * 4 * (1 - sets.hit(w, 0, v_copy(between))) +
+                    panel_rows(i) * dvp * 4 * (1 - sets.hit(w, 1, v_copy(between)));
+        }
+        if (head_mode || k == kb0) continue;
+        // (c) and (d): block k's slices, packed during block k - 1 (slice s before its panel s + 1).
+        const double nkp = double(keys[size_t(k - 1)]), sl = std::ceil(nk / double(panels));
+        for (int64_t sidx = 0; sidx < panels && double(sidx) * sl < nk; ++sidx) {
+          const double in_slice = std::min(sl, nk - double(sidx) * sl);
+          const double later = std::max(0.0, nk - double(sidx + 1) * sl), done = double(sidx) * sl;
+          double qo_after = 0, qo_before = 0;
+          for (int64_t i = 0; i < panels; ++i) {
+            if (!use[size_t(k - 1)][size_t(i)].visible) continue;
+            (i > sidx ? qo_after : qo_before) += panel_mp(i) * dp * 4 + panel_rows(i) * dvp * 4;
+          }
+          const double st = nkp * double(kCpuPanelRows) * 4;
+          // (d) From the write to block k's first read: the rest of block k - 1 and the later slices.
+          const bool rest = any_visible(k - 1, sidx + 1, panels);
+          std::vector<double> rw = {nk * k_key, nk * v_key, qo_after, later * src_key};
+          if (rest) {
+            rw.push_back(nkp * (k_key + v_key));
+            rw.push_back(st);
+          }
+          inside += in_slice * (k_key * (1 - sets.hit(rw, 0, 0)) + v_key * (1 - sets.hit(rw, 1, 0)));
+          // (c) From block k - 2's reads of these buffer lines to the write: block k - 1 up to the
+          // slice and the slices before it. Blocks kb0 and kb0 + 1 are the tile's (e).
+          if (k >= kb0 + 2) {
+            const std::vector<double> ww = {nk * k_key, nk * v_key, qo_before, nkp * (k_key + v_key), st, done * src_key};
+            inside += in_slice * (k_key * (1 - sets.hit(ww, 0, 0)) + v_key * (1 - sets.hit(ww, 1, 0)));
+          }
+        }
+      }
+      // (f) The O rows read for the output (or the split's partial), since the panel's last block:
+      // the rest of that block and the blocks after it, and the rows written out before.
+      double st_keys = 0;
+      for (int64_t k = kb0; k < kb1; ++k) st_keys = std::max(st_keys, double(keys[size_t(k)]));
+      for (int64_t i = 0; i < panels; ++i) {
+        int64_t lb = -1;
+        for (int64_t k = kb1 - 1; k >= kb0 && lb < 0; --k)
+          if (use[size_t(k)][size_t(i)].visible) lb = k;
+        if (lb < 0) continue;
+        double qt_after = 0, kv_after = 0, packed = packed_during(lb) - packed_before(lb, i + 1);
+        for (int64_t k = lb; k < kb1; ++k) {
+          const int64_t from = k == lb ? i + 1 : 0;
+          for (int64_t j = from; j < panels; ++j)
+            if (use[size_t(k)][size_t(j)].visible) qt_after += panel_mp(j) * dp * 4;
+          if (any_visible(k, from, panels)) kv_after += double(keys[size_t(k)]);
+          if (k > lb) packed += packed_during(k);
+        }
+        const double before = double(i * kCpuPanelRows) * double(pr.head_dim_v) * dtype_bytes(pr.dtype);
+        std::vector<double> w = {o_tile, qt_after, before, kv_after > 0 ? st_keys * double(kCpuPanelRows) * 4 : 0.0};
+        if (head_mode) {
+          w.push_back(kv_after * k_key);
+        } else {
+          w.push_back(std::min(2.0 * double(bkv), kv_after + packed) * (k_key + v_key));
+          w.push_back(packed * src_key);
+        }
+        inside += panel_rows(i) * dvp * 4 * (1 - sets.hit(w, 0, v_copy(kv_after)));
+      }
+      // (e) The tile's buffers at its start, against the tile before (TileEnd): its O rows were
+      // just read for the output and its S^T and Q^T used in its last block. Tile mode also packs
+      // its first two blocks into the buffers the tile before read last.
+      const TileEnd here{double(keys[size_t(kb1 - 1)]), o_tile, out_rows, st_keys * double(kCpuPanelRows) * 4};
+      double firsts = 0;  // tile mode: keys of the first two blocks, packed at the start
+      for (int64_t k = kb0; k < std::min(kb1, kb0 + 2); ++k) firsts += double(keys[size_t(k)]);
+      const TileStart start{qt_tile, o_tile, q_src, firsts};
+      if (first)
+        first_start = start;
+      else
+        out.tile_refill += refill(start, prev_end, {});
+      prev_end = here;
+      if (!head_mode) {
+        // What a worker's first tile touches for the first time: the buffers of its blocks (block
+        // kb0 + 2n in the first, kb0 + 2n + 1 in the second) and S^T as far as its longest block.
+        double buf[2] = {0, 0};
+        for (int64_t k = kb0; k < kb1; ++k) buf[(k - kb0) % 2] = std::max(buf[(k - kb0) % 2], double(keys[size_t(k)]));
+        out.touched = std::max(out.touched, qt_tile + o_tile + here.st + (buf[0] + buf[1]) * (k_key + v_key) + 8 * mp);
+      }
+      out.inside += inside;
+      first = false;
+    }
+  }
+  // A unit's first tile follows the last tile of the unit before (its shape: this unit's last
+  // tile's) and, in head mode, the packing of this unit's copy (the caller's rows read, the copy
+  // written).
+  if (!first) {
+    const double copy = head_mode ? double(union1 - union0) * (src_key + k_key + v_key) : 0.0;
+    out.first_tile = refill(first_start, prev_end, {copy});
+  }
+  return out;
 }
 
 // ---- OpenBLAS sgemm at L1d-L2 -------------------------------------------------------------
@@ -501,19 +918,16 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   // The CPU kernel's head mode (cpu/flash_kernel.cc, DecideShape): when every worker gets two
   // or more whole heads of two or more query blocks each (one worker: any head with two blocks)
   // and no key split, a task is a whole (sequence, kv head) whose K/V is converted once into an
-  // fp32 copy ([key][D] and V in 16-column panels) that all its query blocks stream.
+  // fp32 copy ([key][D] and V in panels of the P V tile's columns) that all its query blocks stream.
   const double lanes_f = std::max(4, hw.simd_bits / 32);
-  const double panel_cols = 2 * lanes_f;  // the PV register tile's columns: one V panel
-  const double dvq = std::ceil(double(pr.head_dim_v) / panel_cols) * panel_cols;
+  const CpuKernelShape ks = cpu_kernel_shape(hw);
+  const double dvq = round_up_d(double(pr.head_dim_v), double(ks.panel_cols));
   const double packed_row = (double(plan.head_dim_padded > 0 ? plan.head_dim_padded : pr.head_dim) + dvq) * 4.0;
   const double head_copy = double(w.kv_rows_union) * packed_row;
   const double tiles = units * double(w.q_blocks);
   const bool head_mode = plan.kv_splits <= 1 && tiles >= 2 * units && (workers == 1 || units >= 2 * workers) &&
                          head_copy <= double(int64_t(64) << 20);
   const bool decode = plan.rows_per_unit > 0 && plan.rows_per_unit <= cpu_decode_max_rows;
-  const CpuKernelShape ks = cpu_kernel_shape(hw);
-  const double unit_v_block =
-      decode ? 0.0 : cpu_flash_unit_l1(pr, plan, ks, double(hw.levels.front().size_bytes), head_mode).v_block;
   double prev_flash_kv = kv_streamed, prev_std_kv = kv_std_per_qhead;
   double best_share = 0;  // the largest per-worker share of the levels inside the current boundary
   for (size_t b = 0; b + 1 < hw.levels.size(); ++b) {
@@ -529,7 +943,8 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
         // the cache, and keeps the few query rows' Q, S^T and O in L1.
         fr = q_flash + kv_streamed + partials / 2;
       } else {
-        fr = units * cpu_flash_unit_l1(pr, plan, ks, double(inner.size_bytes), head_mode).total() - sz.o - partials / 2;
+        fr = units * cpu_flash_unit_l1(pr, plan, ks, double(inner.size_bytes), opt.cache_ways, head_mode).total() - sz.o -
+             partials / 2;
       }
       // The output (and the split partials) are the writes; every other fill is counted as a
       // read, scratch included (its lines are filled, then read).
@@ -541,68 +956,120 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
       // bytes of the slice from one query block to the next, and only the rest streams in again:
       // cachegrind shows K/V re-reads 2.85 times per head at S=1024, D=64 over four query
       // blocks, not 4 (the all-or-nothing rule was 25-30% high there; docs/traffic.md).
-      const double free_bytes = std::max(0.0, cap / sharing - double(plan.working_set_bytes));
+      // A packed tile's scratch is what the kernel allocates (MakeGeometry): Q^T and O, two K/V
+      // block buffers, one panel's S^T (block_kv x 48 floats) and the per-row scalars; not the
+      // planner's working set, which counts block_q x block_kv scores. Decode keeps the planner's.
+      const double mp_max = round_up_d(double(std::max<int64_t>(1, plan.block_q / std::max<int64_t>(group, 1)) * group),
+                                       lanes_f);
+      const double tile_ws =
+          decode ? double(plan.working_set_bytes)
+                 : 4.0 * (mp_max * (double(plan.head_dim_padded > 0 ? plan.head_dim_padded : pr.head_dim) +
+                                    round_up_d(double(pr.head_dim_v), lanes_f)) +
+                          double(plan.block_kv) * (2.0 * (double(pr.head_dim) + dvq) + double(kCpuPanelRows))) +
+                       8.0 * mp_max;
+      const double free_bytes = std::max(0.0, cap / sharing - tile_ws);
+      const double share = std::max(best_share, cap / sharing);
       if (!head_mode) {
         const double kept = kv_unit > 0 ? std::min(1.0, free_bytes / kv_unit) : 1.0;
         const double kv = std::min(prev_flash_kv, kv_once + std::max(0.0, kv_streamed - kv_once) * (1.0 - kept));
         prev_flash_kv = kv;
-        fr = q_flash + kv + partials / 2 + (opt.cold_scratch ? active * double(plan.working_set_bytes) : 0.0);
+        fr = q_flash + kv + partials / 2;
         fw = sz.o + sz.lse + partials / 2;
+        if (decode) {
+          fr += opt.cold_scratch ? active * tile_ws : 0.0;
+        } else {
+          // Inside each tile, and the tile's buffers again where the tile before evicted them
+          // (cpu_tile_refills): every tile but each worker's first, which fills what it touches.
+          SetOccupancy occ(share, opt.cache_ways, double(inner.line_bytes), 0, 0, 0);
+          const TileRefills t = cpu_tile_refills(pr, plan, ks, occ, false);
+          fr += units * (t.inside + t.tile_refill) + std::max(0.0, units - active) * t.first_tile +
+                (opt.cold_scratch ? active * t.touched : 0.0);
+        }
       } else {
         // Head mode: the caller's K/V is read once per unit and written as one fp32 copy, which
-        // every query block then streams from its first key to its last. An LRU cache keeps a
-        // cyclically streamed copy only if all of it fits next to the tile's buffers; if not, each
-        // block reads all the keys it sees again (cachegrind: 4.2 passes over K and over V for 4
-        // blocks at S=1024, D=64, where the copy alone is the whole 512 KiB LL). The per-block
-        // buffers are not allocated.
-        // What a head-mode worker keeps besides the copy: the tile's Q^T and O, one panel's S^T
-        // (block_kv x 48 floats) and the running max and sum.
-        const double ws_dp = plan.head_dim_padded > 0 ? plan.head_dim_padded : double(pr.head_dim);
-        const double ws = 4.0 * (double(plan.block_q) * (ws_dp + std::ceil(double(pr.head_dim_v) / lanes_f) * lanes_f) +
-                                 double(plan.block_kv) * double(kCpuPanelRows)) +
-                          8.0 * double(plan.block_q);
-        const double kept = lru_kept_fraction(head_copy + ws, cap / sharing, opt.cache_ways, double(inner.line_bytes));
-        // The tile's buffers are part of the same cyclic footprint: what the copy's stream evicts
-        // of them is filled again by the next tile (cachegrind, H=2 S=512 D=64: Q^T and O filled
-        // about twice over four tiles), in proportion to the keys a tile streams (a causal tile
-        // streams only those it sees).
-        const double streamed = w.q_blocks > 0 && w.kv_rows_union > 0
-                                    ? double(w.kv_rows_sum) / (double(w.q_blocks) * double(w.kv_rows_union))
-                                    : 1.0;
-        fr = q_flash + kv_once + units * double(w.kv_rows_sum) * packed_row * (1.0 - kept) +
-             std::max(0.0, tiles - active) * ws * (1.0 - kept) * streamed + (opt.cold_scratch ? active * ws : 0.0);
-        // Within a block the V block stays for all the tile's panels unless its column chunks
-        // alias: at head_keys x 64 B a multiple of the way size (S = 1024 in a 512 KiB 8-way cache)
-        // all cc chunks of a key share one set, and with the rest of the tile's footprint there
-        // (K block, Q^T, O, S^T, spread evenly) a set overflows: the V block is read again by
-        // every panel (cachegrind: 13.8 MB of V at S=1024, D=128 against 3.7 MB per tile). What
-        // else the set holds between two panels' reads of a V line: the K block, and the panel's
-        // S^T, Q^T and O rows.
-        if (opt.cache_ways > 0) {
-          const double way_bytes = cap / double(opt.cache_ways);
-          const double cc = dvq / panel_cols, chunk = double(plan.block_kv) * panel_cols * 4;
-          const double alias = v_chunks_per_set(double(w.kv_rows_union) * panel_cols * 4, chunk, cc, way_bytes);
-          const double dp = plan.head_dim_padded > 0 ? plan.head_dim_padded : double(pr.head_dim);
-          const double others = double(plan.block_kv) * (dp + double(kCpuPanelRows)) * 4 +
-                                double(kCpuPanelRows) * (dp + double(pr.head_dim_v)) * 4;
-          const double lambda = others / double(inner.line_bytes) / (way_bytes / double(inner.line_bytes));
-          double fit = 0, term = std::exp(-lambda);
-          for (int k = 0; k <= opt.cache_ways - int(alias); ++k) {
-            fit += term;
-            term *= lambda / double(k + 1);
+        // every query block then streams from its first key to its last. A key's K row and V lines
+        // are read by one tile and again by the next; in between come the rest of the copy, the
+        // tile's buffers (Q^T and O, one panel's S^T), its output rows and the next tile's Q rows,
+        // so the copy stays as far as that window fits its sets (cachegrind: 4.2 passes over K and
+        // over V for 4 blocks at S=1024, D=64, where the copy alone is the whole 512 KiB LL). The
+        // unit's first tile reads the copy right after packing it: in between the copy, the
+        // caller's K/V rows packed after the key, the Q rows read, Q^T written and O zeroed. The
+        // per-block buffers are not allocated.
+        const double dpw = plan.head_dim_padded > 0 ? plan.head_dim_padded : double(pr.head_dim);
+        const double dvpw = round_up_d(double(pr.head_dim_v), lanes_f);
+        const double ws = 4.0 * (mp_max * (dpw + dvpw) + double(plan.block_kv) * double(kCpuPanelRows)) + 8.0 * mp_max;
+        SetOccupancy occ(share, opt.cache_ways, double(inner.line_bytes),
+                         double(w.kv_rows_union) * double(ks.panel_cols) * 4, double(ks.panel_cols) * 4,
+                         int64_t(dvq / double(ks.panel_cols)));
+        const double union_keys_d = double(w.kv_rows_union), src_key = sz.kv_row;
+        const double tile_rows = std::min(mp_max, double(group * pr.seqlen_q));
+        // The fraction of a copy line kept over a window holding `keys` keys of the copy and the
+        // other buffers `others`.
+        auto copy_kept = [&](double keys, const std::vector<double>& others) {
+          std::vector<double> cw = {keys * double(pr.head_dim) * 4};
+          cw.insert(cw.end(), others.begin(), others.end());
+          return (double(pr.head_dim) * occ.hit(cw, 0, keys) + dvq * occ.hit(cw, SetOccupancy::kVCopy, keys)) /
+                 (double(pr.head_dim) + dvq);
+        };
+        const std::vector<double> packing = {mp_max * dpw * 4, mp_max * dvpw * 4,
+                                             tile_rows * double(pr.head_dim) * dtype_bytes(pr.dtype)};
+        std::vector<double> between = packing;
+        between.push_back(double(plan.block_kv) * double(kCpuPanelRows) * 4);
+        between.push_back(tile_rows * double(pr.head_dim_v) * dtype_bytes(pr.dtype));
+        // Per tile: the keys the tile before also streamed were last read by it, the copy in
+        // between being that tile's keys; the others (and the first tile's) since the packing or
+        // longer ago, the whole copy in between.
+        const int64_t per_tile = std::max<int64_t>(1, plan.block_q / std::max<int64_t>(group, 1));
+        const int64_t right_w = effective_window_right(pr.causal, pr.window_right);
+        double copy_reads = 0;
+        int64_t prev0 = 0, prev1 = 0;
+        for (int64_t p0 = 0; p0 < pr.seqlen_q; p0 += per_tile) {
+          const int64_t t0 = visible_keys(p0, pr.seqlen_q, pr.seqlen_k, pr.window_left, right_w).begin;
+          const int64_t t1 = visible_keys(std::min(pr.seqlen_q, p0 + per_tile) - 1, pr.seqlen_q, pr.seqlen_k,
+                                          pr.window_left, right_w).end;
+          if (t1 <= t0) continue;
+          const double all = double(t1 - t0);
+          const double common = p0 == 0 ? 0.0 : double(std::max<int64_t>(0, std::min(t1, prev1) - std::max(t0, prev0)));
+          double fresh_kept = 0;
+          if (p0 == 0) {
+            // Since the packing: for a key a fraction f into the copy, the caller's rows after it
+            // (1 - f of them) were read to pack the rest; averaged over the tile's keys (8 points).
+            constexpr int kSteps = 8;
+            const double u0 = double(visible_keys(0, pr.seqlen_q, pr.seqlen_k, pr.window_left, right_w).begin);
+            for (int i = 0; i < kSteps; ++i) {
+              const double key = double(t0) + (double(i) + 0.5) / kSteps * all;
+              std::vector<double> since = packing;
+              since.push_back(std::max(0.0, union_keys_d - (key - u0)) * src_key);
+              fresh_kept += copy_kept(union_keys_d, since) / kSteps;
+            }
+          } else {
+            fresh_kept = copy_kept(union_keys_d, between);
           }
-          const double v_per_block = double(w.kv_rows_sum) * dvq * 4;
-          if (alias > 1) fr += units * std::max(0.0, unit_v_block - v_per_block) * (1.0 - std::min(1.0, fit));
+          copy_reads += common * (1.0 - copy_kept(double(prev1 - prev0), between)) + (all - common) * (1.0 - fresh_kept);
+          prev0 = t0;
+          prev1 = t1;
         }
+        fr = q_flash + kv_once + units * packed_row * copy_reads + (opt.cold_scratch ? active * ws : 0.0);
+        // Inside a tile, what this level (or a larger one inside it) loses of the K/V block from
+        // panel to panel, of S^T, and of the panels' Q^T and O rows from block to block, and at a
+        // tile's start what the tile before evicted of its buffers (cpu_tile_refills), set by set:
+        // the V copy's column chunks lie head_keys x chunk bytes apart. The Q^T and O rows are
+        // used by every block, so the copy's stream alone does not evict them: the rule this
+        // replaces, which refilled them per tile wherever the copy outgrew the level, was 9 points
+        // high at S=2048, D=64, 312x128, where the line-level simulation (l1_sim.py --l2) refills
+        // Q^T and O for 3% of the copy's re-read bytes.
+        const TileRefills t = cpu_tile_refills(pr, plan, ks, occ, true);
+        fr += units * (t.inside + t.tile_refill) + std::max(0.0, units - active) * t.first_tile;
         fw = sz.o + sz.lse + units * head_copy;
       }
-      // A working set larger than this level's per-worker share spills: its per-step traffic
-      // then crosses this boundary as it crosses L1d-L2. Only if it fits no level between: a
-      // working set that stays in L2 never reaches an L3 whose per-core share is smaller
-      // (Neoverse V1: 1 MiB L2, 32 MiB L3 over 64 cores).
-      best_share = std::max(best_share, cap / sharing);
-      if (double(plan.working_set_bytes) > best_share) {
-        fr += units * cpu_flash_unit_l1(pr, plan, ks, best_share, head_mode).steps;
+      // Decode: a working set larger than this level's per-worker share spills: its per-step
+      // traffic then crosses this boundary as it crosses L1d-L2. Only if it fits no level between:
+      // a working set that stays in L2 never reaches an L3 whose per-core share is smaller
+      // (Neoverse V1: 1 MiB L2, 32 MiB L3 over 64 cores). The packed modes' reuse inside a tile
+      // is decided use by use above (the same "no level between" through `share`).
+      best_share = share;
+      if (decode && double(plan.working_set_bytes) > best_share) {
+        fr += units * cpu_flash_unit_l1(pr, plan, ks, best_share, opt.cache_ways, head_mode).steps;
       }
     }
     // Standard, one (batch, q head) per worker at a time, phase by phase: the copies are written,

@@ -23,8 +23,8 @@ std::string samples_dir() {
 }
 
 // (point name, boundary) pairs where the model is known to miss the bar: see docs/traffic.md,
-// "Where the model misses". None at present: the two CPU L1d-L2 misses at S=256 went when P V's
-// reuse was decided per use by its LRU stack distance instead of per panel.
+// "Where the model misses". None at present, on the samples recorded with the planner's current
+// plans (issue 6's fourth round: head and tile mode past L1 decided window by window, set by set).
 const std::set<std::string> kKnownMisses = {};
 
 const char* kCachegrindText =

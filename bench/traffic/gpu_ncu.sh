@@ -3,20 +3,24 @@
 # (bench/gpu/bench_gpu_forward: B = 16384 / S, hidden 2048, bf16) and for PyTorch's unfused MATH
 # path (bench/traffic/sdpa_math.py: B = 1, hidden 2048, bf16), written as samples for
 # bench/traffic/samples/gpu/ (one file per point: the "ioattn-ncu" line, then ncu's CSV).
-#   OUT=dir bench/traffic/gpu_ncu.sh BIN_DIR
-# BIN_DIR holds bench_gpu_forward and the shared libraries it needs. ncu's default cache control
+#   OUT=dir [IMPLS="ioattn math"] bench/traffic/gpu_ncu.sh BIN_DIR
+# BIN_DIR holds bench_gpu_forward and the shared libraries it needs. IMPLS picks what is measured:
+# ioattn's kernel, PyTorch's MATH path, or both (the default). ncu's default cache control
 # flushes the caches before the profiled kernel, so every measurement starts cold, as the model.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$(cd "${1:?usage: gpu_ncu.sh BIN_DIR}" && pwd)
 out=${OUT:-$here/samples/gpu}
 mkdir -p "$out"
+impls=" ${IMPLS:-ioattn math} "
 export LD_LIBRARY_PATH="$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
 metrics=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum
 ncu_base=(ncu --clock-control none --metrics "$metrics" --csv --print-units base)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.log"
 ncu --version | tail -1 | tee -a "$out/device.log"
 for d in 64 128; do
+  [[ $impls == *" ioattn "* ]] || break
   for c in 0 1; do
     for s in 1024 2048 4096 8192 16384; do
       name=ioattn_s${s}_d${d}$([[ $c == 1 ]] && echo _causal)
@@ -31,6 +35,7 @@ for d in 64 128; do
   done
 done
 for d in 64 128; do
+  [[ $impls == *" math "* ]] || break
   for c in 0 1; do
     for s in 1024 4096 16384; do
       [[ $s == 16384 && $d == 64 ]] && continue  # 32 heads of fp32 S at 16k: 34 GB per copy, too close to 141 GB

@@ -5,12 +5,14 @@
 # GRID_FILE lines: "heads seqlen dim dtype [block_q block_kv]" (default: the grid below); the
 # optional tile replaces the planner's (traffic_run --block-q/--block-kv), to re-measure a shape
 # with the plan a recorded sample ran. Every shape also gets a `none` run, which the parsers
-# subtract. Two runs at a time (the machine has 2 cores).
+# subtract. JOBS runs at a time (default 2; pin the whole script with taskset to keep them on
+# chosen cores).
 # CG_OUT_DIR=DIR keeps each run's cachegrind.out there, for per-function misses (cg_annotate).
+# SAMPLES_OUT=DIR writes the samples there instead of bench/traffic/samples/cpu.
 set -euo pipefail
 build=${1:?usage: run_cachegrind.sh BUILD_DIR [GRID_FILE]}
 here=$(cd "$(dirname "$0")" && pwd)
-out=$here/samples/cpu
+out=${SAMPLES_OUT:-$here/samples/cpu}
 driver=$(cd "$build" && pwd)/bench/traffic/traffic_run
 [[ -x $driver ]] || { echo "run_cachegrind.sh: $driver not built (ninja traffic_run)" >&2; exit 2; }
 # zen3's L1d (32 KiB, 8-way, 64 B lines) and L2 (512 KiB, 8-way) as cachegrind's D1 and LL.
@@ -19,14 +21,12 @@ LL=524288,8,64
 mkdir -p "$out"
 grid() {
   if [[ $# -gt 0 ]]; then grep -v '^#' "$1"; return; fi
-  for d in 64 128; do
-    for s in 256 512 1024; do echo "1 $s $d f32"; done
-  done
-  echo "1 2048 64 f32"
+  # The recorded grid (bench/traffic/samples/README.md): S=1000 shows the V copy's set aliasing
+  # at S=1024 by contrast.
+  for s in 256 512 1024 2048; do echo "1 $s 64 f32"; done
+  for s in 256 512 1000 1024; do echo "1 $s 128 f32"; done
   echo "2 512 64 f32"
-  echo "2 512 128 f32"
   echo "1 512 64 bf16"
-  echo "1 512 128 bf16"
 }
 jobs_file=$(mktemp)
 grid "${@:2}" | while read -r h s d t bq bkv; do
@@ -51,5 +51,5 @@ run_one() {
 }
 export -f run_one
 export D1 LL driver out CG_OUT_DIR
-xargs -P 2 -L 1 bash -c 'run_one "$@"' _ <"$jobs_file"
+xargs -P "${JOBS:-2}" -L 1 bash -c 'run_one "$@"' _ <"$jobs_file"
 rm -f "$jobs_file"

@@ -202,13 +202,8 @@ int main(int argc, char** argv) {
   p.tiling.block_kv = a.block_kv;
   // Planning detects the host (sysfs) once; doing it in every mode keeps that out of the
   // difference between a kernel run and the `none` run.
-  ioattn::Plan plan = ioattn::cpu::plan_for_params(p);
-  // plan_for_params replaces the tile but keeps the planner's working set; the traffic model reads
-  // it (a working set over a level's share spills there), so it is recomputed for the tile that
-  // runs. Dv = D here, so the padded D serves for both.
-  if (a.block_q > 0 || a.block_kv > 0)
-    plan.working_set_bytes =
-        ioattn::cpu_working_set_bytes(plan.block_q, plan.block_kv, plan.head_dim_padded, plan.head_dim_padded);
+  // With --block-q / --block-kv this is the overridden tile with its own working set.
+  const ioattn::Plan plan = ioattn::cpu::plan_for_params(p);
   std::printf(
       "ioattn-traffic-run kernel=%s batch=1 heads=%lld heads_kv=%lld seqlen=%lld dim=%lld dtype=%s causal=%d "
       "threads=1 block_q=%d block_kv=%d head_dim_padded=%d reg_rows=%d reg_cols=%d kv_splits=%d workers=%d "
