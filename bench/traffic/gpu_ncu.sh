@@ -3,7 +3,7 @@
 # (bench/gpu/bench_gpu_forward: B = 16384 / S, hidden 2048, bf16) and for PyTorch's unfused MATH
 # path (bench/traffic/sdpa_math.py: B = 1, hidden 2048, bf16), written as samples for
 # bench/traffic/samples/gpu/ (one file per point: the "ioattn-ncu" line, then ncu's CSV).
-#   OUT=dir [IMPLS="ioattn math"] bench/traffic/gpu_ncu.sh BIN_DIR
+#   OUT=dir [IMPLS="ioattn math"] [MATH_SEQLENS="1024 ... 16384"] bench/traffic/gpu_ncu.sh BIN_DIR
 # BIN_DIR holds bench_gpu_forward and the shared libraries it needs. IMPLS picks what is measured:
 # ioattn's kernel, PyTorch's MATH path, or both (the default). ncu's default cache control
 # flushes the caches before the profiled kernel, so every measurement starts cold, as the model.
@@ -37,8 +37,7 @@ done
 for d in 64 128; do
   [[ $impls == *" math "* ]] || break
   for c in 0 1; do
-    for s in 1024 4096 16384; do
-      [[ $s == 16384 && $d == 64 ]] && continue  # 32 heads of fp32 S at 16k: 34 GB per copy, too close to 141 GB
+    for s in ${MATH_SEQLENS:-1024 2048 4096 8192 16384}; do
       name=math_s${s}_d${d}$([[ $c == 1 ]] && echo _causal)
       {
         echo "ioattn-ncu impl=math batch=1 heads=$((2048 / d)) seqlen=$s dim=$d causal=$c dtype=bf16"
