@@ -474,6 +474,27 @@ struct UnitL1 {
   double total() const { return tiles + packing + steps; }
 };
 
+// The visible key range of each of a tile's rows (query position p0 + r / group) and their
+// union [u0, u1) over the rows that see any key (u1 <= u0 when none does).
+struct TileKeys {
+  std::vector<int64_t> begin, end;
+  int64_t u0, u1;
+};
+TileKeys tile_keys(const Problem& pr, int64_t p0, int64_t rows, int64_t group, int64_t right) {
+  TileKeys t{std::vector<int64_t>(static_cast<size_t>(rows)), std::vector<int64_t>(static_cast<size_t>(rows)),
+             pr.seqlen_k, 0};
+  for (int64_t r = 0; r < rows; ++r) {
+    const KeyRange k = visible_keys(p0 + r / group, pr.seqlen_q, pr.seqlen_k, pr.window_left, right);
+    t.begin[size_t(r)] = k.begin;
+    t.end[size_t(r)] = k.end;
+    if (k.end > k.begin) {
+      t.u0 = std::min(t.u0, k.begin);
+      t.u1 = std::max(t.u1, k.end);
+    }
+  }
+  return t;
+}
+
 // One unit's (a (sequence, kv head)'s) L1d-L2 bytes of the packed kernel. Per tile (and key
 // split): Q read and packed as Q^T, O zeroed, then written out (or as a split partial that the
 // merge reads back); per key block in tile mode (or once per unit in head mode): K/V read and
@@ -495,17 +516,9 @@ UnitL1 cpu_flash_unit_l1(const Problem& pr, const Plan& plan, const CpuKernelSha
   int64_t union_begin = pr.seqlen_k, union_end = 0;
   for (int64_t p0 = 0; p0 < pr.seqlen_q; p0 += positions) {
     const int64_t npos = std::min(positions, pr.seqlen_q - p0), rows = npos * group;
-    std::vector<int64_t> vb(static_cast<size_t>(rows)), ve(static_cast<size_t>(rows));
-    int64_t u0 = pr.seqlen_k, u1 = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-      const KeyRange k = visible_keys(p0 + r / group, pr.seqlen_q, pr.seqlen_k, pr.window_left, right);
-      vb[size_t(r)] = k.begin;
-      ve[size_t(r)] = k.end;
-      if (k.end > k.begin) {
-        u0 = std::min(u0, k.begin);
-        u1 = std::max(u1, k.end);
-      }
-    }
+    const TileKeys tk = tile_keys(pr, p0, rows, group, right);
+    const std::vector<int64_t>&vb = tk.begin, &ve = tk.end;
+    const int64_t u0 = tk.u0, u1 = tk.u1;
     const double mp = round_up_d(double(rows), double(ks.lanes));
     const double tile_in = double(rows) * double(pr.head_dim) * eb + mp * dp * 4 + mp * dvp * 4;
     const double tile_out = double(rows) * (dvp * 4 + double(pr.head_dim_v) * eb);
@@ -639,17 +652,9 @@ TileRefills cpu_tile_refills(const Problem& pr, const Plan& plan, const CpuKerne
   for (int64_t p0 = 0; p0 < pr.seqlen_q; p0 += positions) {
     const int64_t rows = std::min(positions, pr.seqlen_q - p0) * group;
     const double mp = round_up_d(double(rows), double(ks.lanes));
-    std::vector<int64_t> vb(static_cast<size_t>(rows)), ve(static_cast<size_t>(rows));
-    int64_t u0 = pr.seqlen_k, u1 = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-      const KeyRange k = visible_keys(p0 + r / group, pr.seqlen_q, pr.seqlen_k, pr.window_left, right);
-      vb[size_t(r)] = k.begin;
-      ve[size_t(r)] = k.end;
-      if (k.end > k.begin) {
-        u0 = std::min(u0, k.begin);
-        u1 = std::max(u1, k.end);
-      }
-    }
+    const TileKeys tk = tile_keys(pr, p0, rows, group, right);
+    const std::vector<int64_t>&vb = tk.begin, &ve = tk.end;
+    const int64_t u0 = tk.u0, u1 = tk.u1;
     if (u1 <= u0) continue;
     union0 = std::min(union0, u0);
     union1 = std::max(union1, u1);
