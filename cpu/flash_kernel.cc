@@ -979,6 +979,7 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
   const T *kpos[kDecodeStride], *vpos[kDecodeKeys], *knext[kDecodeKeys], *vnext[kDecodeKeys];
   const T* krows[kDecodeStride];
   const char* ahead[2 * kDecodeKeys];
+  const int64_t row_bytes = std::max(g.D, g.Dv) * int64_t(sizeof(T));
   // Inner steps of one head's block (a full block): the score loop's vector steps per key group
   // and P V's keys per column chunk, per chunk of rows.
   const int64_t chunks = (rows + kDecodeRowChunk - 1) / kDecodeRowChunk;
@@ -1014,7 +1015,6 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
         ahead[2 * i] = reinterpret_cast<const char*>(knext[i] + koff);
         ahead[2 * i + 1] = reinterpret_cast<const char*>(vnext[i] + voff);
       }
-      const int64_t row_bytes = std::max(g.D, g.Dv) * int64_t(sizeof(T));
       LineQueue pq{ahead, 2 * nn, row_bytes, (2 * nn * ((row_bytes + 63) / 64) + steps - 1) / steps};
       for (int64_t i = 0; i < kDecodeStride; ++i) krows[i] = kpos[i] + koff;
       for (int64_t i = 0; i < nk; ++i) w.vrows[i] = vpos[i] + voff;
