@@ -126,8 +126,14 @@ constexpr int64_t kDecodeStride = RoundUp(kDecodeKeys, kLanes);
 // outside the hot loop, zeroing or loading it there and storing it through the stack at the end
 // (ScoreTile<8, 3> on AVX-512: 216 instructions per call, 142 with the pragma; PvTile<6, 4>:
 // 252 -> 180), about 2-5% of a call at D = 64.
-template <int R, int C>
-void ScoreTile(const float* kp, const float* qt, int64_t D, float* st, int64_t mp) {
+// Stored scores are already multiplied by `scale` (the softmax's x = s * scale * log2 e, or s *
+// scale under softcap: the same single rounded multiply SoftmaxBlock used to do on its first pass).
+// kMax: also folds the R keys' scores into the running block max of each row vector (mx, C
+// vectors), so an unmasked panel's softmax needs no pass of its own to find the max: 2 vector ops
+// per score vector here (multiply, max) instead of a pass of load, multiply, store, max and the
+// NaN test (5 vector ops and a store), against the tile's D FMAs per score vector.
+template <int R, int C, bool kMax>
+void ScoreTile(const float* kp, const float* qt, int64_t D, float* st, int64_t mp, float scale, float* mx) {
   const DF df;
   VF acc[R][C];
 #pragma GCC unroll 8
@@ -143,9 +149,19 @@ void ScoreTile(const float* kp, const float* qt, int64_t D, float* st, int64_t m
       for (int c = 0; c < C; ++c) acc[r][c] = hn::MulAdd(kb, qv[c], acc[r][c]);
     }
   }
+  const VF vscale = hn::Set(df, scale);
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) hn::Store(acc[r][c], df, st + r * mp + c * kLanes);
+  for (int c = 0; c < C; ++c) {
+    VF m;
+    if constexpr (kMax) m = hn::Load(df, mx + c * kLanes);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const VF x = hn::Mul(acc[r][c], vscale);
+      hn::Store(x, df, st + r * mp + c * kLanes);
+      if constexpr (kMax) m = hn::Max(m, x);
+    }
+    if constexpr (kMax) hn::Store(m, df, mx + c * kLanes);
+  }
 }
 
 // O[r][c * lanes ...] += sum_j P^T[j][r] * V[j][c * lanes ...] for R rows, C vectors, n keys.
@@ -193,24 +209,24 @@ void RowPvChunk(const float* p, int64_t mp, const float* vpack, int64_t vstride,
   for (int c = 0; c < C; ++c) hn::Store(acc[c], df, o + c * kLanes);
 }
 
-using ScoreFn = void (*)(const float*, const float*, int64_t, float*, int64_t);
+using ScoreFn = void (*)(const float*, const float*, int64_t, float*, int64_t, float, float*);
 using PvFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
 using RowPvFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float*);
 
 // Tables of every (rows, vectors) remainder shape, indexed [vectors - 1][rows - 1], so block
 // edges run the same code as the bulk with fewer registers instead of a scalar tail.
-template <int C, size_t... I>
+template <int C, bool kMax, size_t... I>
 constexpr std::array<ScoreFn, sizeof...(I)> ScoreRowsTable(std::index_sequence<I...>) {
-  return {&ScoreTile<static_cast<int>(I) + 1, C>...};
+  return {&ScoreTile<static_cast<int>(I) + 1, C, kMax>...};
 }
 template <int C, size_t... I>
 constexpr std::array<PvFn, sizeof...(I)> PvRowsTable(std::index_sequence<I...>) {
   return {&PvTile<static_cast<int>(I) + 1, C>...};
 }
-template <size_t... C>
+template <bool kMax, size_t... C>
 constexpr auto ScoreTable(std::index_sequence<C...>) {
   return std::array<std::array<ScoreFn, kTile.rows>, sizeof...(C)>{
-      ScoreRowsTable<static_cast<int>(C) + 1>(std::make_index_sequence<kTile.rows>())...};
+      ScoreRowsTable<static_cast<int>(C) + 1, kMax>(std::make_index_sequence<kTile.rows>())...};
 }
 template <size_t... C>
 constexpr auto PvTable(std::index_sequence<C...>) {
@@ -222,7 +238,8 @@ constexpr std::array<RowPvFn, sizeof...(C)> RowPvTable(std::index_sequence<C...>
   return {&RowPvChunk<static_cast<int>(C) + 1>...};
 }
 
-constexpr auto kScore = ScoreTable(std::make_index_sequence<kTile.vecs>());
+constexpr auto kScore = ScoreTable<false>(std::make_index_sequence<kTile.vecs>());
+constexpr auto kScoreMax = ScoreTable<true>(std::make_index_sequence<kTile.vecs>());
 constexpr auto kPv = PvTable(std::make_index_sequence<kPvTile.vecs>());
 constexpr auto kRowPv = RowPvTable(std::make_index_sequence<kRowVecs>());
 
@@ -394,7 +411,6 @@ struct Tile {
 // a range split for the scale, 30 vector ops per 8 scores against 13 here; the softmax was
 // 12-14% of the kernel's time at D = 128 and about twice that share at D = 64.
 HWY_INLINE VF Exp2NonPositive(DF df, VF d) {
-  const hn::RebindToSigned<DF> di;
   const VF n = hn::Round(d);
   const VF f = hn::Sub(d, n);
   VF p = hn::Set(df, 1.5345809515565634e-4f);
@@ -404,21 +420,36 @@ HWY_INLINE VF Exp2NonPositive(DF df, VF d) {
   p = hn::MulAdd(p, f, hn::Set(df, 2.4022646248340607e-1f));
   p = hn::MulAdd(p, f, hn::Set(df, 6.931471824645996e-1f));
   p = hn::MulAdd(p, f, hn::Set(df, 1.f));
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  // AVX-512's vscalefps multiplies by 2^n in one instruction: exact, so the same bits as the
+  // exponent-field add below while the result is normal (d >= -125), in 1 vector op instead of
+  // 3 (convert, shift, add), and the flush rides on its zero-mask: 10 ops in all instead of 13.
+  // The mask is "not less than" (unordered-true) so that a NaN d still yields NaN.
+  const __mmask16 keep = _mm512_cmp_ps_mask(d.raw, _mm512_set1_ps(-125.f), _CMP_NLT_UQ);
+  return VF{_mm512_maskz_scalef_ps(keep, p.raw, n.raw)};
+#else
+  const hn::RebindToSigned<DF> di;
   const auto bits = hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(hn::ConvertTo(di, n)));
   return hn::IfThenZeroElse(hn::Lt(d, hn::Set(df, -125.f)), hn::BitCast(df, bits));
+#endif
 }
 
 // Online softmax of one block, vectorized over query rows (S^T is [key][row]), in the log2
 // domain of common/online_softmax.h (as the CUDA kernel): scores are x = s * scale * log2(e)
-// (one rounded multiply by a constant; with softcap c * log2(e) * tanh(s * scale / c)), the
-// running max m and the exponent 2^(x - m) live in that domain, and the LSE converts back.
-// Pass 1 scales (and caps) the scores, hides masked ones, and takes the block max per row;
-// then the header's scalar rules give each row its new max and rescale factor; pass 2
-// exponentiates in place (S^T becomes P^T) and accumulates l.
-template <bool kMasked, bool kSoftcap>
-void SoftmaxBlock(const Panel& pn, int64_t nk, float scale, float softcap, const Scratch& w) {
+// (one rounded multiply by a constant, done by ScoreTile as it stores S^T; with softcap
+// c * log2(e) * tanh(s * scale / c)), the running max m and the exponent 2^(x - m) live in that
+// domain, and the LSE converts back. Pass 1 caps the scores, hides masked ones, and takes the
+// block max per row; then the header's scalar rules give each row its new max and rescale
+// factor; pass 2 exponentiates in place (S^T becomes P^T) and accumulates l.
+// kMaxDone (unmasked, no softcap): ScoreTile already left the block max in w.mblk and pass 1 has
+// nothing else to do, so it is skipped; NaN, which x86's max may drop, is then caught by pass 2
+// instead: a NaN score makes its p, so the row's sum, NaN (and only a NaN score or a +inf max,
+// already poisoned, can), and the row's m and rescale factor become NaN before O is rescaled,
+// as pass 1 would have made them.
+template <bool kMasked, bool kSoftcap, bool kMaxDone>
+void SoftmaxBlock(const Panel& pn, int64_t nk, float softcap, const Scratch& w) {
+  static_assert(!kMaxDone || (!kMasked && !kSoftcap), "the score kernel's max is of unmasked, uncapped scores");
   const DF df;
-  const VF vscale = hn::Set(df, kSoftcap ? scale : scale * softmax::kLog2e);
   const VF vcap = hn::Set(df, softcap);
   const VF vcap_log2 = hn::Set(df, softcap * softmax::kLog2e);
   const VF neg_inf = hn::Set(df, -INFINITY);
@@ -427,18 +458,18 @@ void SoftmaxBlock(const Panel& pn, int64_t nk, float scale, float softcap, const
   // Locals: through the structs the compiler reloads the base and stride after every store.
   const int64_t mp = pn.mp, row0 = pn.row0;
   float* const st = w.st;
-  for (int64_t r0 = row0; r0 < row0 + mp; r0 += kLanes) {
+  for (int64_t r0 = row0; !kMaxDone && r0 < row0 + mp; r0 += kLanes) {
     VF mx = neg_inf, saw_nan = hn::Zero(df);
     const VF lo = hn::Load(df, w.lo + r0), hi = hn::Load(df, w.hi + r0);
     float* sp = st + (r0 - row0);
     for (int64_t j = 0; j < nk; ++j, sp += mp) {
-      VF s = hn::Mul(hn::Load(df, sp), vscale);
+      VF s = hn::Load(df, sp);
       if (kSoftcap) s = hn::Mul(vcap_log2, hn::Tanh(df, hn::Div(s, vcap)));
       if (kMasked) {
         const VF jf = hn::Set(df, static_cast<float>(j));
         s = hn::IfThenElse(hn::And(hn::Ge(jf, lo), hn::Lt(jf, hi)), s, neg_inf);
       }
-      hn::Store(s, df, sp);
+      if (kSoftcap || kMasked) hn::Store(s, df, sp);
       mx = hn::Max(mx, s);
       saw_nan = hn::Or(saw_nan, hn::VecFromMask(df, hn::IsNaN(s)));
     }
@@ -449,7 +480,8 @@ void SoftmaxBlock(const Panel& pn, int64_t nk, float scale, float softcap, const
     hn::Store(hn::IfThenElse(poisoned, nan, mx), df, w.mblk + r0);
   }
   for (int64_t r = row0; r < row0 + mp; ++r) {
-    const float m_old = w.m[r], m_blk = w.mblk[r];
+    const float m_old = w.m[r], m_blk = kMaxDone && w.mblk[r] == INFINITY ? std::numeric_limits<float>::quiet_NaN()
+                                                                           : w.mblk[r];
     const float m_new = std::isnan(m_old) || std::isnan(m_blk) ? std::numeric_limits<float>::quiet_NaN()
                                                               : std::max(m_old, m_blk);
     w.alpha[r] = softmax::rescale_factor(m_old, m_new, [](float x) { return std::exp2(x); });
@@ -465,8 +497,14 @@ void SoftmaxBlock(const Panel& pn, int64_t nk, float scale, float softcap, const
       hn::Store(pj, df, sp);
       sum = hn::Add(sum, pj);
     }
-    const VF l = hn::Load(df, w.l + r0);
-    hn::Store(hn::MulAdd(l, hn::Load(df, w.alpha + r0), sum), df, w.l + r0);
+    VF alpha = hn::Load(df, w.alpha + r0);
+    if (kMaxDone) {
+      const auto saw_nan = hn::IsNaN(sum);
+      alpha = hn::IfThenElse(saw_nan, nan, alpha);
+      hn::Store(alpha, df, w.alpha + r0);
+      hn::Store(hn::IfThenElse(saw_nan, nan, hn::Load(df, w.m + r0)), df, w.m + r0);
+    }
+    hn::Store(hn::MulAdd(hn::Load(df, w.l + r0), alpha, sum), df, w.l + r0);
   }
 }
 
@@ -591,6 +629,11 @@ void RunPanel(const AttnParams& p, const Geometry& g, const Tile& t, const Panel
   const int64_t groups = (nk + kTile.rows - 1) / kTile.rows;
   const int64_t steps = groups * ((nvec + kTile.vecs - 1) / kTile.vecs);
   const int64_t pf_per_step = (pf_count + steps - 1) / std::max<int64_t>(steps, 1);
+  const bool capped = p.softcap > 0.f;
+  const float scale = capped ? p.scale : p.scale * softmax::kLog2e;
+  const bool max_in_tile = !masked && !capped;
+  const auto& score = max_in_tile ? kScoreMax : kScore;
+  if (max_in_tile) std::fill(w.mblk + pn.row0, w.mblk + pn.row0 + pn.mp, -INFINITY);
   int64_t step = 0;
   for (int64_t c = 0; c < nvec; c += kTile.vecs) {
     const int64_t nc = std::min<int64_t>(kTile.vecs, nvec - c);
@@ -598,17 +641,16 @@ void RunPanel(const AttnParams& p, const Geometry& g, const Tile& t, const Panel
       const int64_t done = step * pf_per_step;
       PrefetchRows(p, g, t, pf0 + done, std::max<int64_t>(0, std::min(pf_per_step, pf_count - done)));
       const int64_t nr = std::min<int64_t>(kTile.rows, nk - j);
-      kScore[size_t(nc - 1)][size_t(nr - 1)](w.kpack + j * g.D, w.qt + (vec0 + c) * g.D * kLanes, g.D,
-                                             w.st + j * pn.mp + c * kLanes, pn.mp);
+      score[size_t(nc - 1)][size_t(nr - 1)](w.kpack + j * g.D, w.qt + (vec0 + c) * g.D * kLanes, g.D,
+                                            w.st + j * pn.mp + c * kLanes, pn.mp, scale, w.mblk + pn.row0 + c * kLanes);
     }
   }
-  const bool capped = p.softcap > 0.f;
   if (masked) {
-    if (capped) SoftmaxBlock<true, true>(pn, nk, p.scale, p.softcap, w);
-    else SoftmaxBlock<true, false>(pn, nk, p.scale, p.softcap, w);
+    if (capped) SoftmaxBlock<true, true, false>(pn, nk, p.softcap, w);
+    else SoftmaxBlock<true, false, false>(pn, nk, p.softcap, w);
   } else {
-    if (capped) SoftmaxBlock<false, true>(pn, nk, p.scale, p.softcap, w);
-    else SoftmaxBlock<false, false>(pn, nk, p.scale, p.softcap, w);
+    if (capped) SoftmaxBlock<false, true, false>(pn, nk, p.softcap, w);
+    else SoftmaxBlock<false, false, true>(pn, nk, p.softcap, w);
   }
   for (int64_t r = pn.row0; r < pn.row0 + pn.rows; ++r) {
     if (w.alpha[r] == 1.f) continue;
