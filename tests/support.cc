@@ -280,14 +280,14 @@ bool bitwise_equal(const AttnBuffers& a, const AttnBuffers& b) {
   return std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(float)) == 0;
 }
 
-SequenceOracle reference_sequence(const std::vector<float>& q, const std::vector<float>& k,
-                                  const std::vector<float>& v, int64_t sq, int64_t sk, int64_t hq, int64_t hkv,
-                                  int64_t d, const SequenceMask& mask) {
+AttnParams dense_params(const void* q, const void* k, const void* v, DType t, int64_t batch, int64_t sq, int64_t sk,
+                        int64_t hq, int64_t hkv, int64_t d, int64_t k_rows) {
   AttnParams p;
-  p.q = q.data();
-  p.k = k.data();
-  p.v = v.data();
-  p.batch = 1;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.io_dtype = p.kv_dtype = t;
+  p.batch = batch;
   p.heads_q = hq;
   p.heads_kv = hkv;
   p.head_dim = p.head_dim_v = d;
@@ -295,9 +295,20 @@ SequenceOracle reference_sequence(const std::vector<float>& q, const std::vector
   p.seqlen_k = sk;
   p.q_seq_stride = p.o_seq_stride = hq * d;
   p.q_head_stride = p.o_head_stride = d;
+  p.q_batch_stride = p.o_batch_stride = sq * hq * d;
   p.k_seq_stride = p.v_seq_stride = hkv * d;
   p.k_head_stride = p.v_head_stride = d;
+  p.k_batch_stride = p.v_batch_stride = k_rows * hkv * d;
   p.lse_head_stride = sq;
+  p.lse_batch_stride = hq * sq;
+  p.scale = float(1.0 / std::sqrt(double(d)));
+  return p;
+}
+
+SequenceOracle reference_sequence(const std::vector<float>& q, const std::vector<float>& k,
+                                  const std::vector<float>& v, int64_t sq, int64_t sk, int64_t hq, int64_t hkv,
+                                  int64_t d, const SequenceMask& mask) {
+  AttnParams p = dense_params(q.data(), k.data(), v.data(), DType::f32, 1, sq, sk, hq, hkv, d, sk);
   p.scale = mask.scale > 0 ? mask.scale : float(1.0 / std::sqrt(double(d)));
   p.softcap = mask.softcap;
   p.causal = mask.causal;

@@ -162,6 +162,10 @@ struct SequenceOracle {
   std::vector<double> out64, lse64;  // [S][H][D] and [H][S]
   std::vector<float> out32, lse32;
 };
+// Params over contiguous (B, S, H, D) tensors of one storage type, as the API layer builds them
+// (k_rows: the K/V batch stride in rows, Sk for a plain call, the cache's capacity for a cache).
+AttnParams dense_params(const void* q, const void* k, const void* v, DType t, int64_t batch, int64_t sq, int64_t sk,
+                        int64_t hq, int64_t hkv, int64_t d, int64_t k_rows);
 SequenceOracle reference_sequence(const std::vector<float>& q, const std::vector<float>& k,
                                   const std::vector<float>& v, int64_t sq, int64_t sk, int64_t hq, int64_t hkv,
                                   int64_t d, const SequenceMask& mask);

@@ -33,6 +33,7 @@
 #include "common/reference.h"
 #include "ioattn/ioattn.h"
 #include "tests/catch.h"
+#include "tests/support.h"
 
 #if IOATTN_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -219,29 +220,10 @@ ioattn_options cuda_options(cudaStream_t stream) {
   return opt;
 }
 
-// Host params over contiguous (B, S, H, D) tensors, as the API layer builds them.
+// Host params over contiguous (B, S, H, D) tensors, causal like every request here.
 AttnParams host_params(const void* q, const void* k, const void* v, DType t, int64_t batch, int64_t sq, int64_t sk,
                        int64_t hq, int64_t hkv, int64_t d, int64_t k_rows) {
-  AttnParams p;
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.io_dtype = p.kv_dtype = t;
-  p.batch = batch;
-  p.heads_q = hq;
-  p.heads_kv = hkv;
-  p.head_dim = p.head_dim_v = d;
-  p.seqlen_q = sq;
-  p.seqlen_k = sk;
-  p.q_seq_stride = p.o_seq_stride = hq * d;
-  p.q_head_stride = p.o_head_stride = d;
-  p.q_batch_stride = p.o_batch_stride = sq * hq * d;
-  p.k_seq_stride = p.v_seq_stride = hkv * d;
-  p.k_head_stride = p.v_head_stride = d;
-  p.k_batch_stride = p.v_batch_stride = k_rows * hkv * d;
-  p.lse_head_stride = sq;
-  p.lse_batch_stride = hq * sq;
-  p.scale = float(1.0 / std::sqrt(double(d)));
+  AttnParams p = ioattn::test::dense_params(q, k, v, t, batch, sq, sk, hq, hkv, d, k_rows);
   p.causal = true;
   return p;
 }
