@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/cpu_tiles.h"
+#include "common/gpu_tiles.h"
 #include "common/masking.h"
 
 namespace ioattn {
@@ -1147,6 +1148,33 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
 }
 
 // ---- GPU ----------------------------------------------------------------------------------
+// What the L2 slices look up (lts__t_bytes) for the SMs' requests, counted in 32-byte sectors. On a
+// partitioned L2 (GA100, GH100: MemoryLevel::partitions) a request goes to a slice of the partition
+// wired to the SM's GPC; an address homed in another partition, (P - 1) / P of them (the hash
+// spreads addresses evenly), is looked up again at its home through the L2 fabric. A miss that
+// HBM fills is not looked up again. The near partition keeps a copy of far data that an
+// L1-cacheable load brought (ld.global, cuBLAS's 4-byte cp.async.ca), so later such loads from
+// that partition stop there; stores, and L2-only loads (the CUDA kernel's cp.async.cg of Q, K
+// and V), go to the home every time. What the H200 samples show (bench/traffic/samples/gpu, per
+// kernel): MATH's elementwise passes, which touch each byte once, 1.51-1.55 lookups per byte at
+// S = 16384 (every byte from or to HBM) and 1.52-1.60 at S = 1024 (S resident in L2); cuBLAS's
+// re-read operands about one per byte read beside 1.5 for its stores (0.99 at S = 1024 D = 128,
+// 0.6-0.9 at larger S); the causal mask that every head reads, 1.1; the CUDA kernel's K/V, read
+// by every query block of a head, at least 1.5. The split by source is inferred from these
+// totals (docs/traffic.md, "What lts__t_bytes counts"), not measured.
+double far_share(const MemoryLevel& l2) { return double(std::max(1, l2.partitions) - 1) / std::max(1, l2.partitions); }
+
+// `unique` bytes each read n times by CTAs spread over the SMs through L1-cacheable loads: every
+// partition's first read of a line homed elsewhere costs a second lookup, later reads one.
+double cached_reads_lookups(double unique, double n, const MemoryLevel& l2) {
+  return unique * n + unique * far_share(l2) * std::min(n, double(std::max(1, l2.partitions)));
+}
+
+// The CUDA forward's epilogue stores O from the MMA accumulators: the 4 lanes that hold a row's
+// 8 adjacent columns store one bf16 pair each, 16 contiguous bytes per row per instruction
+// (gpu/sm80/flash_fwd.cuh), so every 32-byte sector of O is two store requests.
+constexpr double kCudaOutStoreBytes = 16;
+
 TrafficReport gpu_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw, const StandardPasses& sp) {
   TrafficReport rep;
   const Sizes sz = sizes_of(pr);
@@ -1163,29 +1191,56 @@ TrafficReport gpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   const double kv_per_cta_sum = streams * double(w.kv_rows_sum) * sz.kv_row;
   const double kv_unit = double(w.kv_rows_union) * sz.kv_row / splits;
   const double kv_once = units * kv_unit;
+  const MemoryLevel& l2 = hw.levels[1];
 
   // smem-L2: every CTA loads its Q tile once and every visible K/V block once; O (and LSE) go
-  // out once. Standard: the two GEMMs on 128x128 output tiles re-read their operands once per
-  // tile row/column, and every pass over S goes through.
+  // out once. Standard: each GEMM operand is read once per output tile across it, and every pass
+  // over S goes through.
   BoundaryTraffic inner;
   inner.name = hw.levels[0].name + "-" + hw.levels[1].name;
   const double bh = double(pr.batch * pr.heads_q);
-  const double tiles_q = std::ceil(double(pr.seqlen_q) / 128), tiles_k = std::ceil(double(pr.seqlen_k) / 128);
   const double eb = dtype_bytes(pr.dtype), kb = dtype_bytes(pr.kv_dtype);
-  const double gemm_reads =
-      bh * (double(pr.seqlen_q) * pr.head_dim * eb * tiles_k + double(pr.seqlen_k) * pr.head_dim * kb * tiles_q +
-            double(pr.seqlen_k) * pr.head_dim_v * kb * tiles_q);
+  const double q_el = bh * double(pr.seqlen_q) * pr.head_dim, o_el = bh * double(pr.seqlen_q) * pr.head_dim_v;
+  const double k_el = bh * double(pr.seqlen_k) * pr.head_dim, v_el = bh * double(pr.seqlen_k) * pr.head_dim_v;
+  const double qe = sp.fp32_upcast ? 4.0 : eb, ke = sp.fp32_upcast ? 4.0 : kb;
+  auto per_tile = [](int64_t n, int tile) { return std::ceil(double(n) / std::max(1, tile)); };
+  const double q_reads = per_tile(pr.seqlen_k, sp.qk_tile_k), k_reads = per_tile(pr.seqlen_q, sp.qk_tile_q);
+  const double v_reads = per_tile(pr.seqlen_q, sp.pv_tile_q), p_reads = per_tile(pr.head_dim_v, sp.pv_tile_d);
+  const double gemm_reads = q_el * qe * q_reads + k_el * ke * k_reads + v_el * ke * v_reads;
+  const double mask = sp.broadcast_mask_bytes * double(pr.seqlen_q) * double(pr.seqlen_k);  // one, all heads read it
+  // The fp32 prologue and epilogue: Q, K, V converted (read, written in fp32), Q and K scaled
+  // (read, written), O written by the P V GEMM in fp32 and converted (read, written).
+  const double up_reads = sp.fp32_upcast ? q_el * eb + (k_el + v_el) * kb + (q_el + k_el) * 4 + o_el * 4 : 0.0;
+  const double up_writes = sp.fp32_upcast ? (q_el + k_el + v_el) * 4 + (q_el + k_el) * 4 + o_el * 4 : 0.0;
+  // s_reads counts P's first read by the P V GEMM; each further tile column reads it again.
+  const double s_traffic_reads = (sp.s_reads + p_reads - 1) * sz.s_fp32;
   set(&inner, q_flash + kv_per_cta_sum + partials / 2, sz.o + sz.lse + partials / 2,
-      gemm_reads + sp.s_reads * sz.s_fp32 + sp.broadcast_mask_bytes * bh * double(pr.seqlen_q) * double(pr.seqlen_k),
-      sz.o + sz.lse + sp.s_writes * sz.s_fp32);
+      gemm_reads + s_traffic_reads + bh * mask + up_reads, sz.o + sz.lse + sp.s_writes * sz.s_fp32 + up_writes);
   rep.levels.push_back(inner);
+
+  // L2 lookups. Flash: every request of the CUDA kernel goes to the home partition (cp.async.cg
+  // and stores), and O's sectors are stored in halves (the prefill kernel; the decode kernel's
+  // epilogue and the split-KV merge have no samples). The zero-byte copies that the unmasked loop
+  // issues past the last tile (src-size 0) reach no L2 slice: at D = 128 causal the kernel before
+  // them (edfbee0) and the one with them (b23c604) made the same lookups at S >= 4096.
+  const int64_t group = pr.heads_kv > 0 ? std::max<int64_t>(1, pr.heads_q / pr.heads_kv) : 1;
+  const bool prefill = splits == 1 && !gpu_decode_rows(group, pr.seqlen_q);
+  const double out_requests = prefill ? sz.o * 32 / kCudaOutStoreBytes : sz.o;
+  const double once = 1 + far_share(l2);
+  rep.flash_l2_lookup_bytes = once * (inner.flash_read_bytes + out_requests + sz.lse + partials / 2);
+  // Standard: the GEMM operands and the broadcast mask are re-read through L1-cacheable loads,
+  // every other pass touches each byte once.
+  const double shared_reads = gemm_reads + (p_reads - 1) * sz.s_fp32 + bh * mask;
+  rep.standard_l2_lookup_bytes =
+      cached_reads_lookups(q_el * qe, q_reads, l2) + cached_reads_lookups(k_el * ke, k_reads, l2) +
+      cached_reads_lookups(v_el * ke, v_reads, l2) + cached_reads_lookups(sz.s_fp32, p_reads, l2) +
+      cached_reads_lookups(mask, bh, l2) + once * (inner.standard_bytes - shared_reads - sz.s_fp32);
 
   // L2-HBM. The L2 keeps one copy per partition of data every SM reads, so K/V sees
   // cap = size / partitions. CTAs run in waves of `workers` resident CTAs in grid order (query
   // block fastest, as FlashAttention-2's grid): the heads of one wave share their K/V in L2 if
   // it fits (W <= cap). A head whose CTAs straddle a wave boundary needs its K/V again in the
   // next wave; it is still there only if the wave's other K/V plus the wave's Q/O traffic fit.
-  const MemoryLevel& l2 = hw.levels[1];
   const double cap = shared_capacity(l2);
   const double resident = std::max(1, plan.workers);
   const double q_blocks = std::max<int64_t>(1, w.q_blocks);
@@ -1237,7 +1292,6 @@ TrafficReport gpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   const bool s_resident = sz.s_fp32 <= cap;
   const double std_kv = double(pr.batch * pr.heads_q) * double(pr.seqlen_k) * sz.kv_row;
   // A mask shared by every (batch, head) is read once per head, from HBM only if it does not stay.
-  const double mask = sp.broadcast_mask_bytes * double(pr.seqlen_q) * double(pr.seqlen_k);
   const double mask_reads = s_resident ? 0.0 : (mask <= cap ? mask : double(pr.batch * pr.heads_q) * mask);
   const double std_reads = sz.q + std_kv + (s_resident ? 0.0 : sp.s_reads * sz.s_fp32) + mask_reads;
   const double std_out = sz.o + sz.lse + (s_resident ? 0.0 : sp.s_writes * sz.s_fp32);
@@ -1280,6 +1334,7 @@ StandardPasses pytorch_math_passes() {
   StandardPasses p;
   p.s_reads = 5.45;
   p.s_writes = 3.71;
+  p.fp32_upcast = true;
   p.name = "PyTorch MATH (calibrated on the H=16, S=4096, D=128 Nsight Compute measurement)";
   return p;
 }

@@ -28,6 +28,10 @@ struct TrafficReport {
   double flops = 0;
   // Roofline time implied by compute peak and off-chip bandwidth, seconds.
   double flash_roofline_s = 0, standard_roofline_s = 0;
+  // GPU only (0 on a CPU): bytes the L2 slices look up at their tag stage, what Nsight Compute
+  // counts as lts__t_bytes. Not a boundary of its own: the smem-L2 requests, counted in 32-byte
+  // sectors, plus the second lookup of a request homed in the other L2 partition (gpu_traffic).
+  double flash_l2_lookup_bytes = 0, standard_l2_lookup_bytes = 0;
 };
 
 // How the CPU baseline's sgemm blocks its loops (GotoBLAS: driver/level3/level3.c), for the L1d-L2
@@ -58,6 +62,14 @@ struct StandardPasses {
   // Bytes per (query, key) of a mask that one pass per (batch, head) reads, broadcast over them
   // (PyTorch MATH's fp32 additive causal mask: 4); 0 for none.
   double broadcast_mask_bytes = 0;
+  // GPU: Q, K and V are converted to fp32 copies first, the Q and K copies scaled by sqrt(scale)
+  // in two more passes, both GEMMs run on fp32 operands and O is written in fp32 and converted
+  // back (PyTorch MATH on f16/bf16 inputs: the kernels of bench/traffic/samples/gpu/math_*.txt).
+  bool fp32_upcast = false;
+  // GPU: the output tiles of the two GEMMs, extent along the queries x along the keys (S = Q K^T)
+  // or the value dims (O = P V). An operand is read once per tile across it: K once per tile row
+  // of queries, Q once per tile column of keys, V once per tile row, P once per tile column.
+  int qk_tile_q = 128, qk_tile_k = 128, pv_tile_q = 128, pv_tile_d = 128;
 };
 
 // How a run starts. The default is the steady state of repeated calls: scratch memory is warm.

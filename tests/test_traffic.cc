@@ -283,6 +283,67 @@ TEST_CASE("GPU: a problem that fits in L2 reads its inputs once and writes nothi
   CHECK(split.flash_write_bytes == tensor + partials / 2);
 }
 
+TEST_CASE("GPU L2 lookups: sectors requested, and the far partition's second lookup") {
+  HardwareProfile h200 = profile("h200-sxm");
+  REQUIRE(h200.levels[1].partitions == 2);
+  // Flash, S = 256, D = 64: the 128 x 128 tile. Each of the 2 query blocks requests its Q tile
+  // (16 KiB) and both K/V tiles (2 x 32 KiB); O (32 KiB) is stored 16 bytes per row per
+  // instruction, two requests per sector. Every request goes to the home partition.
+  const Problem pr = make(1, 256, 64, DType::bf16);
+  Plan plan = plan_gpu(pr, h200);
+  REQUIRE(plan.block_q == 128);
+  REQUIRE(plan.block_kv == 128);
+  plan.kv_splits = 1;
+  const double kib = 1024;
+  const double requests = 32 * kib + 128 * kib + 2 * 32 * kib;
+  CHECK(predict_traffic(pr, plan, h200).flash_l2_lookup_bytes == Approx(1.5 * requests));
+  // Causal: the first block's rows see only the first key tile.
+  const Problem causal = make(1, 256, 64, DType::bf16, true);
+  const double causal_requests = 32 * kib + 3 * 32 * kib + 2 * 32 * kib;
+  CHECK(predict_traffic(causal, plan, h200).flash_l2_lookup_bytes == Approx(1.5 * causal_requests));
+  // One partition: one lookup per request.
+  HardwareProfile one = h200;
+  one.levels[1].partitions = 1;
+  CHECK(predict_traffic(pr, plan, one).flash_l2_lookup_bytes == Approx(requests));
+
+  // Standard: a pass that touches each byte once costs 1.5 lookups per byte; a GEMM operand
+  // re-read through L1-cacheable loads costs one per read once each partition has its copy.
+  const Problem big = make(16, 1024, 128, DType::bf16);
+  const Plan big_plan = plan_gpu(big, h200);
+  const StandardPasses math = pytorch_math_passes();
+  const double s_fp32 = 16 * 1024.0 * 1024 * 4;
+  StandardPasses more = math;
+  more.s_reads += 1;
+  CHECK(predict_traffic(big, big_plan, h200, more).standard_l2_lookup_bytes -
+            predict_traffic(big, big_plan, h200, math).standard_l2_lookup_bytes ==
+        Approx(1.5 * s_fp32));
+  // Halving the key extent of the Q K^T tile reads the fp32 Q (8 MiB) 16 times instead of 8.
+  StandardPasses narrow = math;
+  narrow.qk_tile_k = 64;
+  const double q_fp32 = 16 * 1024.0 * 128 * 4;
+  CHECK(predict_traffic(big, big_plan, h200, narrow).standard_l2_lookup_bytes -
+            predict_traffic(big, big_plan, h200, math).standard_l2_lookup_bytes ==
+        Approx(8 * q_fp32));
+  // The fp32 prologue and epilogue, each byte touched once: Q, K, V read in bf16 and written in
+  // fp32, the Q and K copies read and written again (scaled), O written in fp32 and read back for
+  // the conversion. And the GEMMs' operands (each read 8 times, 1024 / 128, plus one second
+  // lookup per byte for the far partition's copy) in 4 bytes instead of 2.
+  StandardPasses bf16_gemms = math;
+  bf16_gemms.fp32_upcast = false;
+  const double el = 16 * 1024.0 * 128;
+  const double prologue = 3 * el * (2 + 4) + 2 * el * (4 + 4) + el * (4 + 4);
+  const double operands = 3 * el * (4 - 2) * (8 + 1);
+  CHECK(predict_traffic(big, big_plan, h200, math).standard_l2_lookup_bytes -
+            predict_traffic(big, big_plan, h200, bf16_gemms).standard_l2_lookup_bytes ==
+        Approx(1.5 * prologue + operands));
+  // The CPU has no such count.
+  const HardwareProfile zen3 = profile("zen3");
+  const Problem f32 = make(1, 256, 64);
+  const TrafficReport cpu = predict_traffic(f32, plan_cpu(f32, zen3), zen3);
+  CHECK(cpu.flash_l2_lookup_bytes == 0);
+  CHECK(cpu.standard_l2_lookup_bytes == 0);
+}
+
 TEST_CASE("flops and roofline times") {
   const HardwareProfile h200 = profile("h200-sxm");
   const Problem pr = make(16, 4096, 128, DType::bf16);

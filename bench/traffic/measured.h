@@ -9,11 +9,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/gpu_tiles.h"
@@ -338,6 +340,9 @@ struct GpuPoint {
   Problem problem;
   GpuTile tile{0, 0, 0, 0, false};                      // the measured kernel's tile, when the sample names it
   double dram_read = 0, dram_write = 0, l2_bytes = -1;  // l2_bytes < 0: not measured
+  // MATH: the output tiles cuBLAS ran for Q K^T and P V ("tilesize{M}x{N}x" in the kernel names;
+  // 0 when the sample has no kernel list), M along the queries.
+  int qk_tile[2] = {0, 0}, pv_tile[2] = {0, 0};
 };
 
 inline std::vector<std::string> split_csv(const std::string& line) {
@@ -452,6 +457,15 @@ inline bool parse_gpu_sample(const std::string& file, const std::string& text, G
              std::sscanf(text.c_str() + shape, "FwdShape<%d, %d, %d, %d, %d>", &dd, &bq, &bkv, &warps, &stages) == 5) {
     g->tile = GpuTile{bq, bkv, warps, stages, true};
   }
+  // cuBLAS's GEMMs: the "tn" kernel computes S = Q K^T (both operands row-major over the head
+  // dim), the "nn" one O = P V; their grids put M along the queries (P V at S = 1024, D = 128:
+  // tile 64x128, grid 16 x 1 per head).
+  for (const auto& [tag, dst] : {std::pair<const char*, int*>{"_tn_n_tilesize", g->qk_tile},
+                                 std::pair<const char*, int*>{"_nn_n_tilesize", g->pv_tile}}) {
+    const size_t at = text.find(tag);
+    if (at != std::string::npos && std::sscanf(text.c_str() + at + std::strlen(tag), "%dx%d", &dst[0], &dst[1]) != 2)
+      dst[0] = dst[1] = 0;
+  }
   if (f.count("dram_read") && f.count("dram_write")) {
     if (!parse_grouped(f.at("dram_read"), &g->dram_read) || !parse_grouped(f.at("dram_write"), &g->dram_write)) {
       *error = file + ": dram_read / dram_write must be whole byte counts";
@@ -490,33 +504,43 @@ inline Plan plan_for_point(const GpuPoint& g, const HardwareProfile& hw) {
   return plan;
 }
 
-inline std::vector<Comparison> compare_gpu(const GpuPoint& g, const HardwareProfile& hw) {
+// The model's passes for the point: PyTorch MATH's, with the GEMM tiles the sample ran where it
+// names them; the CUDA kernel's plan otherwise.
+inline StandardPasses passes_for_point(const GpuPoint& g) {
+  StandardPasses sp = pytorch_math_passes(g.problem.causal);
+  if (g.qk_tile[0] > 0) {
+    sp.qk_tile_q = g.qk_tile[0];
+    sp.qk_tile_k = g.qk_tile[1];
+  }
+  if (g.pv_tile[0] > 0) {
+    sp.pv_tile_q = g.pv_tile[0];
+    sp.pv_tile_d = g.pv_tile[1];
+  }
+  return sp;
+}
+
+inline TrafficReport predict_point(const GpuPoint& g, const HardwareProfile& hw) {
   const Plan plan = plan_for_point(g, hw);
+  return g.impl == "math" ? predict_traffic(g.problem, plan, hw, passes_for_point(g))
+                          : predict_traffic(g.problem, plan, hw);
+}
+
+// HBM bytes always; L2 lookups (lts__t_bytes, every byte the L2 slices look up: docs/traffic.md)
+// where the sample measured them.
+inline std::vector<Comparison> compare_gpu(const GpuPoint& g, const HardwareProfile& hw) {
+  const TrafficReport rep = predict_point(g, hw);
   const bool math = g.impl == "math";
-  const TrafficReport rep = math ? predict_traffic(g.problem, plan, hw, pytorch_math_passes(g.problem.causal))
-                                 : predict_traffic(g.problem, plan, hw);
   const BoundaryTraffic& hbm = rep.levels.back();
   std::vector<Comparison> c = {{"L2-HBM", math ? hbm.standard_bytes : hbm.flash_bytes, g.dram_read + g.dram_write}};
+  if (g.l2_bytes >= 0)
+    c.push_back({"L2 lookups", math ? rep.standard_l2_lookup_bytes : rep.flash_l2_lookup_bytes, g.l2_bytes});
   return c;
 }
 
-// The model's smem-L2 boundary next to lts__t_bytes (every byte the L2 slices serve, L1 and
-// DRAM side alike), reported but not held to the bar (docs/traffic.md).
+// The model's smem-L2 boundary: bytes the SMs request, beside the lookups they cost.
 inline double predicted_smem_l2(const GpuPoint& g, const HardwareProfile& hw) {
-  const Plan plan = plan_for_point(g, hw);
-  const bool math = g.impl == "math";
-  const TrafficReport rep = math ? predict_traffic(g.problem, plan, hw, pytorch_math_passes(g.problem.causal))
-                                 : predict_traffic(g.problem, plan, hw);
-  return math ? rep.levels.front().standard_bytes : rep.levels.front().flash_bytes;
-}
-
-// What lts__t_bytes counts for those smem-L2 bytes (docs/traffic.md): every request of an SM is
-// looked up in the L2 partition wired to it, and the share homed in another partition, (P - 1) / P
-// of uniformly hashed addresses, misses there and is looked up again at its home through the L2
-// fabric (lts__t_sectors_srcunit_ltcfabric): (2P - 1) / P lookups per request, 1.5 on the H200.
-inline double predicted_l2_lookups(const GpuPoint& g, const HardwareProfile& hw) {
-  const double p = std::max(1, hw.levels.size() > 1 ? hw.levels[1].partitions : 1);
-  return predicted_smem_l2(g, hw) * (2 * p - 1) / p;
+  const TrafficReport rep = predict_point(g, hw);
+  return g.impl == "math" ? rep.levels.front().standard_bytes : rep.levels.front().flash_bytes;
 }
 
 inline bool load_gpu_points(const std::string& dir, std::vector<GpuPoint>* out, std::string* error) {

@@ -47,7 +47,7 @@ def main():
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
     scatter(axes[0], rows(f"{csv_dir}/cpu_measured.csv"), "kernel",
             "CPU: cachegrind fills (L1d 32 KiB, LL 512 KiB, 1 thread)")
-    scatter(axes[1], rows(f"{csv_dir}/gpu_measured.csv"), "impl", "H200: Nsight Compute DRAM bytes")
+    scatter(axes[1], rows(f"{csv_dir}/gpu_measured.csv"), "impl", "H200: Nsight Compute DRAM bytes and L2 lookups")
     fig.tight_layout()
     fig.savefig(f"{out}/traffic-measured.png", dpi=110)
 
