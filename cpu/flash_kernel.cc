@@ -453,8 +453,9 @@ HWY_INLINE VF Exp2NonPositive(DF df, VF d) {
 // instead: a NaN score makes its p, so the row's sum, NaN (and only a NaN score or a +inf max,
 // already poisoned, can), and the row's m and rescale factor become NaN before O is rescaled,
 // as pass 1 would have made them.
+// Keys [kb, ke) of the block: the rest are hidden from every row of the panel.
 template <bool kMasked, bool kSoftcap, bool kMaxDone>
-void SoftmaxBlock(const Panel& pn, int64_t nk, float softcap, const Scratch& w) {
+void SoftmaxBlock(const Panel& pn, int64_t kb, int64_t ke, float softcap, const Scratch& w) {
   static_assert(!kMaxDone || (!kMasked && !kSoftcap), "the score kernel's max is of unmasked, uncapped scores");
   const DF df;
   const VF vcap = hn::Set(df, softcap);
@@ -468,8 +469,8 @@ void SoftmaxBlock(const Panel& pn, int64_t nk, float softcap, const Scratch& w) 
   for (int64_t r0 = row0; !kMaxDone && r0 < row0 + mp; r0 += kLanes) {
     VF mx = neg_inf, saw_nan = hn::Zero(df);
     const VF lo = hn::Load(df, w.lo + r0), hi = hn::Load(df, w.hi + r0);
-    float* sp = st + (r0 - row0);
-    for (int64_t j = 0; j < nk; ++j, sp += mp) {
+    float* sp = st + kb * mp + (r0 - row0);
+    for (int64_t j = kb; j < ke; ++j, sp += mp) {
       VF s = hn::Load(df, sp);
       if (kSoftcap) s = hn::Mul(vcap_log2, hn::Tanh(df, hn::Div(s, vcap)));
       if (kMasked) {
@@ -498,8 +499,8 @@ void SoftmaxBlock(const Panel& pn, int64_t nk, float softcap, const Scratch& w) 
   for (int64_t r0 = row0; r0 < row0 + mp; r0 += kLanes) {
     const VF mref = hn::Load(df, w.mref + r0);
     VF sum = hn::Zero(df);
-    float* sp = st + (r0 - row0);
-    for (int64_t j = 0; j < nk; ++j, sp += mp) {
+    float* sp = st + kb * mp + (r0 - row0);
+    for (int64_t j = kb; j < ke; ++j, sp += mp) {
       const VF pj = Exp2NonPositive(df, hn::Sub(hn::Load(df, sp), mref));
       hn::Store(pj, df, sp);
       sum = hn::Add(sum, pj);
@@ -516,7 +517,10 @@ void SoftmaxBlock(const Panel& pn, int64_t nk, float softcap, const Scratch& w) 
 }
 
 // O rows += P V over the block, each row over exactly its visible keys [lo_r, hi_r).
-void AccumulatePv(const Geometry& g, const Panel& pn, const Scratch& w) {
+// masked: some row of the panel does not see every key [0, nk) of the block; otherwise every
+// group is fast over all nk keys, without reading the rows' ranges (48 rows x 2 conversions,
+// twice, were 2% of the kernel at D = 128 non-causal).
+void AccumulatePv(const Geometry& g, const Panel& pn, int64_t nk, bool masked, const Scratch& w) {
   const int64_t vecs_total = g.Dvp / kLanes;
   auto row_range = [&](int64_t r0, int64_t r1, int64_t a, int64_t e) {
     if (a >= e) return;
@@ -537,6 +541,9 @@ void AccumulatePv(const Geometry& g, const Panel& pn, const Scratch& w) {
   for (int64_t gi = 0; gi * kPvTile.rows < pn.rows; ++gi) {
     const int64_t r0 = pn.row0 + gi * kPvTile.rows, nr = std::min<int64_t>(kPvTile.rows, pn.row0 + pn.rows - r0);
     a[gi] = 0;
+    e[gi] = nk;
+    fast[gi] = true;
+    if (!masked) continue;
     e[gi] = std::numeric_limits<int64_t>::max();
     bool any_empty = false;
     for (int64_t r = r0; r < r0 + nr; ++r) {
@@ -561,7 +568,7 @@ void AccumulatePv(const Geometry& g, const Panel& pn, const Scratch& w) {
                                           e[gi] - a[gi], w.o + r0 * g.Dvp + v * kLanes, g.Dvp, o_next);
     }
   }
-  for (int64_t gi = 0; gi * kPvTile.rows < pn.rows; ++gi) {
+  for (int64_t gi = 0; masked && gi * kPvTile.rows < pn.rows; ++gi) {
     const int64_t r0 = pn.row0 + gi * kPvTile.rows, nr = std::min<int64_t>(kPvTile.rows, pn.row0 + pn.rows - r0);
     for (int64_t r = r0; r < r0 + nr; ++r) {
       const int64_t lo = static_cast<int64_t>(w.lo[r]), hi = static_cast<int64_t>(w.hi[r]);
@@ -635,9 +642,22 @@ void RunPanel(const AttnParams& p, const Geometry& g, const Tile& t, const Panel
               int64_t pf0, int64_t pf_count, const Scratch& w) {
   const DF df;
   const int64_t vec0 = pn.row0 / kLanes, nvec = pn.mp / kLanes;
+  // A masked panel scores and exponentiates only keys [kb, ke), those some row of it sees: on a
+  // causal diagonal the block runs on up to block_kv - 1 keys past the panel's last row, which
+  // no row sees (P V already skipped them; the score kernel and the softmax did not).
+  int64_t kb = 0, ke = nk;
+  if (masked) {
+    kb = nk;
+    ke = 0;
+    for (int64_t r = pn.row0; r < pn.row0 + pn.rows; ++r) {
+      if (w.lo[r] >= w.hi[r]) continue;
+      kb = std::min(kb, static_cast<int64_t>(w.lo[r]));
+      ke = std::max(ke, static_cast<int64_t>(w.hi[r]));
+    }
+  }
   // Row-vector chunks outermost: one chunk of Q^T (D x 2 vectors: 8 KiB at D = 128) stays in L1
   // while the block's K rows stream past it (6 broadcasts, 24 bytes, per 12 FMAs).
-  const int64_t groups = (nk + kTile.rows - 1) / kTile.rows;
+  const int64_t groups = (ke - kb + kTile.rows - 1) / kTile.rows;
   const int64_t steps = groups * ((nvec + kTile.vecs - 1) / kTile.vecs);
   const int64_t pf_per_step = (pf_count + steps - 1) / std::max<int64_t>(steps, 1);
   const bool capped = p.softcap > 0.f;
@@ -648,20 +668,20 @@ void RunPanel(const AttnParams& p, const Geometry& g, const Tile& t, const Panel
   int64_t step = 0;
   for (int64_t c = 0; c < nvec; c += kTile.vecs) {
     const int64_t nc = std::min<int64_t>(kTile.vecs, nvec - c);
-    for (int64_t j = 0; j < nk; j += kTile.rows, ++step) {
+    for (int64_t j = kb; j < ke; j += kTile.rows, ++step) {
       const int64_t done = step * pf_per_step;
       PrefetchRows(p, g, t, pf0 + done, std::max<int64_t>(0, std::min(pf_per_step, pf_count - done)));
-      const int64_t nr = std::min<int64_t>(kTile.rows, nk - j);
+      const int64_t nr = std::min<int64_t>(kTile.rows, ke - j);
       score[size_t(nc - 1)][size_t(nr - 1)](w.kpack + j * g.D, w.qt + (vec0 + c) * g.D * kLanes, g.D,
                                             w.st + j * pn.mp + c * kLanes, pn.mp, scale, w.mblk + pn.row0 + c * kLanes);
     }
   }
   if (masked) {
-    if (capped) SoftmaxBlock<true, true, false>(pn, nk, p.softcap, w);
-    else SoftmaxBlock<true, false, false>(pn, nk, p.softcap, w);
+    if (capped) SoftmaxBlock<true, true, false>(pn, kb, ke, p.softcap, w);
+    else SoftmaxBlock<true, false, false>(pn, kb, ke, p.softcap, w);
   } else {
-    if (capped) SoftmaxBlock<false, true, false>(pn, nk, p.softcap, w);
-    else SoftmaxBlock<false, false, true>(pn, nk, p.softcap, w);
+    if (capped) SoftmaxBlock<false, true, false>(pn, kb, ke, p.softcap, w);
+    else SoftmaxBlock<false, false, true>(pn, kb, ke, p.softcap, w);
   }
   for (int64_t r = pn.row0; r < pn.row0 + pn.rows; ++r) {
     if (w.alpha[r] == 1.f) continue;
@@ -669,7 +689,7 @@ void RunPanel(const AttnParams& p, const Geometry& g, const Tile& t, const Panel
     float* o = w.o + r * g.Dvp;
     for (int64_t c = 0; c < g.Dvp; c += kLanes) hn::Store(hn::Mul(hn::Load(df, o + c), a), df, o + c);
   }
-  AccumulatePv(g, pn, w);
+  AccumulatePv(g, pn, nk, masked, w);
 }
 
 // Runs the blocks [blk_begin, blk_end) of the tile (block k covers keys
