@@ -1148,31 +1148,43 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
 }
 
 // ---- GPU ----------------------------------------------------------------------------------
-// What the L2 slices look up (lts__t_bytes) for the SMs' requests, counted in 32-byte sectors. On a
-// partitioned L2 (GA100, GH100: MemoryLevel::partitions) a request goes to a slice of the partition
-// wired to the SM's GPC; an address homed in another partition, (P - 1) / P of them (the hash
-// spreads addresses evenly), is looked up again at its home through the L2 fabric. A miss that
-// HBM fills is not looked up again. The near partition keeps a copy of far data that an
-// L1-cacheable load brought (ld.global, cuBLAS's 4-byte cp.async.ca), so later such loads from
-// that partition stop there; stores, and L2-only loads (the CUDA kernel's cp.async.cg of Q, K
-// and V), go to the home every time. What the H200 samples show (bench/traffic/samples/gpu, per
-// kernel): MATH's elementwise passes, which touch each byte once, 1.51-1.55 lookups per byte at
-// S = 16384 (every byte from or to HBM) and 1.52-1.60 at S = 1024 (S resident in L2); cuBLAS's
-// re-read operands about one per byte read beside 1.5 for its stores (0.99 at S = 1024 D = 128,
-// 0.6-0.9 at larger S); the causal mask that every head reads, 1.1; the CUDA kernel's K/V, read
-// by every query block of a head, at least 1.5. The split by source is inferred from these
-// totals (docs/traffic.md, "What lts__t_bytes counts"), not measured.
+// What the L2 slices look up (lts__t_bytes), by source, as Nsight Compute splits it on the H200
+// (bench/traffic/samples/gpu/split-2026-12-03): lookups of the SMs' own requests
+// (lts__t_sectors_srcunit_tex) and lookups that one L2 partition forwards to the other through
+// the L2 fabric (srcunit_ltcfabric). On a partitioned L2 (GA100, GH100: MemoryLevel::partitions)
+// an SM's request is looked up in the partition wired to its GPC; an address homed in the other
+// partition, (P - 1) / P of them (the hash spreads addresses evenly), is forwarded to its home
+// when the near partition has no copy. The near partition keeps a copy of far data once read,
+// for every kind of load (cp.async.cg included), so only a partition's first read of a far line
+// crosses the fabric; stores cross it every time (they go to the home). Measured for the CUDA
+// kernel: fabric reads 147-184 MB where these first touches come to 168 MB, fabric writes
+// 0.49-0.50 x the SMs' write sectors; the fabric is 2.8-16% of its lookups, 27% of MATH's
+// (which touches most bytes once). 1f30c9f's rule, that every cp.async.cg
+// request of the CUDA kernel is looked up a second time at its home, is refuted by the same
+// samples: at S = 16384 D = 128 the fabric carried 23.8M of 862M sectors.
 double far_share(const MemoryLevel& l2) { return double(std::max(1, l2.partitions) - 1) / std::max(1, l2.partitions); }
 
-// `unique` bytes each read n times by CTAs spread over the SMs through L1-cacheable loads: every
-// partition's first read of a line homed elsewhere costs a second lookup, later reads one.
-double cached_reads_lookups(double unique, double n, const MemoryLevel& l2) {
-  return unique * n + unique * far_share(l2) * std::min(n, double(std::max(1, l2.partitions)));
+// Fabric lookups of `unique` bytes read n times by CTAs spread over the SMs: every partition's
+// first read of a line homed elsewhere (n readers reach min(n, P) partitions).
+double first_touch_fabric(double unique, double n, const MemoryLevel& l2) {
+  return unique * far_share(l2) * std::min(n, double(std::max(1, l2.partitions)));
 }
+
+// The CUDA prefill kernel's cp.async.cg reads (Q, K, V: 16 bytes a thread) as the SMs' side of
+// the H200 counts them: l1tex__m_xbar2l1tex_read_sectors = 1.500-1.501 x the sectors the kernel's
+// tiles hold at S = 16384 (1.502-1.516 at S = 1024), srcunit_tex reads 1.473-1.516 x, at all 8
+// split points (D = 64 and 128, causal or not), the excess growing with the tile steps (half a
+// K+V tile pair per step), not with the CTAs. The L1TEX tag stage counts 1.125 x
+// (l1tex__t_sectors_pipe_lsu_mem_global_op_ld). Why the crossbar carries half as much again is
+// not settled (docs/traffic.md, "What lts__t_bytes counts"): a measured ratio of this kernel on
+// this chip, not a derived one, so the decode kernel and the split-KV merge (no samples) are
+// counted at one lookup per requested sector.
+constexpr double kCudaCopyReadSectors = 1.5;
 
 // The CUDA forward's epilogue stores O from the MMA accumulators: the 4 lanes that hold a row's
 // 8 adjacent columns store one bf16 pair each, 16 contiguous bytes per row per instruction
-// (gpu/sm80/flash_fwd.cuh), so every 32-byte sector of O is two store requests.
+// (gpu/sm80/flash_fwd.cuh), so every 32-byte sector of O is two store requests: the split
+// samples' l1tex__t_sectors_pipe_lsu_mem_global_op_st is 2.00 x O's sectors at every point.
 constexpr double kCudaOutStoreBytes = 16;
 
 TrafficReport gpu_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw, const StandardPasses& sp) {
@@ -1218,23 +1230,31 @@ TrafficReport gpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
       gemm_reads + s_traffic_reads + bh * mask + up_reads, sz.o + sz.lse + sp.s_writes * sz.s_fp32 + up_writes);
   rep.levels.push_back(inner);
 
-  // L2 lookups. Flash: every request of the CUDA kernel goes to the home partition (cp.async.cg
-  // and stores), and O's sectors are stored in halves (the prefill kernel; the decode kernel's
-  // epilogue and the split-KV merge have no samples). The zero-byte copies that the unmasked loop
-  // issues past the last tile (src-size 0) reach no L2 slice: at D = 128 causal the kernel before
-  // them (edfbee0) and the one with them (b23c604) made the same lookups at S >= 4096.
+  // L2 lookups: the SMs' requests in sectors plus the fabric's. Flash: the prefill kernel's copies
+  // at kCudaCopyReadSectors, O's sectors stored in halves (the decode kernel's epilogue and the
+  // split-KV merge have no samples), and the fabric for each partition's first read of Q and of a
+  // head's K/V (read by `readers` CTAs on average) and for every store. The zero-byte copies that
+  // the unmasked loop issues past the last tile (src-size 0) add nothing: the SM-side excess is
+  // the same 1.5 x per tile at causal and non-causal points, whose tiles per CTA differ (129 and
+  // 256 at S = 16384) while each CTA issues one zero-byte tile.
   const int64_t group = pr.heads_kv > 0 ? std::max<int64_t>(1, pr.heads_q / pr.heads_kv) : 1;
   const bool prefill = splits == 1 && !gpu_decode_rows(group, pr.seqlen_q);
   const double out_requests = prefill ? sz.o * 32 / kCudaOutStoreBytes : sz.o;
-  const double once = 1 + far_share(l2);
-  rep.flash_l2_lookup_bytes = once * (inner.flash_read_bytes + out_requests + sz.lse + partials / 2);
-  // Standard: the GEMM operands and the broadcast mask are re-read through L1-cacheable loads,
-  // every other pass touches each byte once.
+  const double write_requests = out_requests + sz.lse + partials / 2;
+  const double readers = kv_once > 0 ? kv_per_cta_sum / kv_once : 0.0;
+  rep.flash_l2_fabric_bytes = first_touch_fabric(sz.q, splits, l2) + first_touch_fabric(kv_once, readers, l2) +
+                              first_touch_fabric(partials / 2, 1, l2) + far_share(l2) * write_requests;
+  rep.flash_l2_lookup_bytes = (prefill ? kCudaCopyReadSectors : 1.0) * inner.flash_read_bytes + write_requests +
+                              rep.flash_l2_fabric_bytes;
+  // Standard: the GEMM operands, P in P V and the broadcast mask are re-read through
+  // L1-cacheable loads; every other pass touches each byte once, its first touch crossing the
+  // fabric for far lines. The SMs' side is the smem-L2 boundary itself.
   const double shared_reads = gemm_reads + (p_reads - 1) * sz.s_fp32 + bh * mask;
-  rep.standard_l2_lookup_bytes =
-      cached_reads_lookups(q_el * qe, q_reads, l2) + cached_reads_lookups(k_el * ke, k_reads, l2) +
-      cached_reads_lookups(v_el * ke, v_reads, l2) + cached_reads_lookups(sz.s_fp32, p_reads, l2) +
-      cached_reads_lookups(mask, bh, l2) + once * (inner.standard_bytes - shared_reads - sz.s_fp32);
+  rep.standard_l2_fabric_bytes = first_touch_fabric(q_el * qe, q_reads, l2) + first_touch_fabric(k_el * ke, k_reads, l2) +
+                                 first_touch_fabric(v_el * ke, v_reads, l2) + first_touch_fabric(sz.s_fp32, p_reads, l2) +
+                                 first_touch_fabric(mask, bh, l2) +
+                                 far_share(l2) * (inner.standard_bytes - shared_reads - sz.s_fp32);
+  rep.standard_l2_lookup_bytes = inner.standard_bytes + rep.standard_l2_fabric_bytes;
 
   // L2-HBM. The L2 keeps one copy per partition of data every SM reads, so K/V sees
   // cap = size / partitions. CTAs run in waves of `workers` resident CTAs in grid order (query

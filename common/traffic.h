@@ -29,9 +29,11 @@ struct TrafficReport {
   // Roofline time implied by compute peak and off-chip bandwidth, seconds.
   double flash_roofline_s = 0, standard_roofline_s = 0;
   // GPU only (0 on a CPU): bytes the L2 slices look up at their tag stage, what Nsight Compute
-  // counts as lts__t_bytes. Not a boundary of its own: the smem-L2 requests, counted in 32-byte
-  // sectors, plus the second lookup of a request homed in the other L2 partition (gpu_traffic).
+  // counts as lts__t_bytes. Not a boundary of its own: the SMs' requests in 32-byte sectors
+  // (lts__t_sectors_srcunit_tex) plus the lookups forwarded between L2 partitions, the part
+  // given on its own as *_l2_fabric_bytes (srcunit_ltcfabric; gpu_traffic says when).
   double flash_l2_lookup_bytes = 0, standard_l2_lookup_bytes = 0;
+  double flash_l2_fabric_bytes = 0, standard_l2_fabric_bytes = 0;
 };
 
 // How the CPU baseline's sgemm blocks its loops (GotoBLAS: driver/level3/level3.c), for the L1d-L2

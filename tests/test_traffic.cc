@@ -283,31 +283,42 @@ TEST_CASE("GPU: a problem that fits in L2 reads its inputs once and writes nothi
   CHECK(split.flash_write_bytes == tensor + partials / 2);
 }
 
-TEST_CASE("GPU L2 lookups: sectors requested, and the far partition's second lookup") {
+TEST_CASE("GPU L2 lookups: the SMs' requests in sectors, and the fabric's first touches and stores") {
   HardwareProfile h200 = profile("h200-sxm");
   REQUIRE(h200.levels[1].partitions == 2);
-  // Flash, S = 256, D = 64: the 128 x 128 tile. Each of the 2 query blocks requests its Q tile
-  // (16 KiB) and both K/V tiles (2 x 32 KiB); O (32 KiB) is stored 16 bytes per row per
-  // instruction, two requests per sector. Every request goes to the home partition.
+  // Flash, S = 256, D = 64: the 128 x 128 tile. Each of the 2 query blocks copies its Q tile
+  // (16 KiB) and both K/V tiles (2 x 32 KiB), which the SMs' side counts 1.5 times (the H200's
+  // measured cp.async ratio); O (32 KiB) is stored 16 bytes per row per instruction, two requests
+  // per sector. Through the fabric: half of Q (read once) and of K/V (two readers: each
+  // partition's first touch) and half of the store requests.
   const Problem pr = make(1, 256, 64, DType::bf16);
   Plan plan = plan_gpu(pr, h200);
   REQUIRE(plan.block_q == 128);
   REQUIRE(plan.block_kv == 128);
   plan.kv_splits = 1;
   const double kib = 1024;
-  const double requests = 32 * kib + 128 * kib + 2 * 32 * kib;
-  CHECK(predict_traffic(pr, plan, h200).flash_l2_lookup_bytes == Approx(1.5 * requests));
-  // Causal: the first block's rows see only the first key tile.
+  const double reads = 32 * kib + 128 * kib, stores = 2 * 32 * kib;
+  const double fabric = 0.5 * 32 * kib + 0.5 * 64 * kib * 2 + 0.5 * stores;
+  const TrafficReport rep = predict_traffic(pr, plan, h200);
+  CHECK(rep.flash_l2_fabric_bytes == Approx(fabric));
+  CHECK(rep.flash_l2_lookup_bytes == Approx(1.5 * reads + stores + fabric));
+  // Causal: the first block's rows see only the first key tile, so K/V's 64 KiB have 1.5 readers
+  // on average.
   const Problem causal = make(1, 256, 64, DType::bf16, true);
-  const double causal_requests = 32 * kib + 3 * 32 * kib + 2 * 32 * kib;
-  CHECK(predict_traffic(causal, plan, h200).flash_l2_lookup_bytes == Approx(1.5 * causal_requests));
-  // One partition: one lookup per request.
+  const double causal_reads = 32 * kib + 3 * 32 * kib;
+  const double causal_fabric = 0.5 * 32 * kib + 0.5 * 64 * kib * 1.5 + 0.5 * stores;
+  const TrafficReport crep = predict_traffic(causal, plan, h200);
+  CHECK(crep.flash_l2_fabric_bytes == Approx(causal_fabric));
+  CHECK(crep.flash_l2_lookup_bytes == Approx(1.5 * causal_reads + stores + causal_fabric));
+  // One partition: no fabric.
   HardwareProfile one = h200;
   one.levels[1].partitions = 1;
-  CHECK(predict_traffic(pr, plan, one).flash_l2_lookup_bytes == Approx(requests));
+  CHECK(predict_traffic(pr, plan, one).flash_l2_fabric_bytes == 0);
+  CHECK(predict_traffic(pr, plan, one).flash_l2_lookup_bytes == Approx(1.5 * reads + stores));
 
-  // Standard: a pass that touches each byte once costs 1.5 lookups per byte; a GEMM operand
-  // re-read through L1-cacheable loads costs one per read once each partition has its copy.
+  // Standard: a pass that touches each byte once costs 1.5 lookups per byte (the SMs' one and,
+  // for the far half of the lines, the fabric's); a GEMM operand re-read through L1-cacheable
+  // loads costs one per read once each partition has its copy.
   const Problem big = make(16, 1024, 128, DType::bf16);
   const Plan big_plan = plan_gpu(big, h200);
   const StandardPasses math = pytorch_math_passes();
@@ -317,6 +328,9 @@ TEST_CASE("GPU L2 lookups: sectors requested, and the far partition's second loo
   CHECK(predict_traffic(big, big_plan, h200, more).standard_l2_lookup_bytes -
             predict_traffic(big, big_plan, h200, math).standard_l2_lookup_bytes ==
         Approx(1.5 * s_fp32));
+  CHECK(predict_traffic(big, big_plan, h200, more).standard_l2_fabric_bytes -
+            predict_traffic(big, big_plan, h200, math).standard_l2_fabric_bytes ==
+        Approx(0.5 * s_fp32));
   // Halving the key extent of the Q K^T tile reads the fp32 Q (8 MiB) 16 times instead of 8.
   StandardPasses narrow = math;
   narrow.qk_tile_k = 64;
@@ -342,6 +356,7 @@ TEST_CASE("GPU L2 lookups: sectors requested, and the far partition's second loo
   const TrafficReport cpu = predict_traffic(f32, plan_cpu(f32, zen3), zen3);
   CHECK(cpu.flash_l2_lookup_bytes == 0);
   CHECK(cpu.standard_l2_lookup_bytes == 0);
+  CHECK(cpu.flash_l2_fabric_bytes == 0);
 }
 
 TEST_CASE("flops and roofline times") {

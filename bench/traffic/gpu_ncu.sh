@@ -9,8 +9,8 @@
 # ioattn's kernel, PyTorch's MATH path, or both (the default); SEQLENS the ioattn grid's lengths;
 # MATH_POINTS, when given, replaces MATH's grid by those points. SPLIT=1 adds the L2 tag-stage
 # lookups split by source (the SMs' L1/TEX, the other L2 partition through the fabric) and by
-# operation, and the L1/TEX side's global sectors (loads, stores, cp.async) and those it sends to
-# and takes from the crossbar, for docs/traffic.md's
+# operation, and the L1/TEX side's global and local sectors (loads, stores, cp.async: the CUDA
+# kernel spills) and those it sends to and takes from the crossbar, for docs/traffic.md's
 # "What lts__t_bytes counts": each name is kept only where this ncu knows it (--query-metrics),
 # so a counter missing on another chip costs a row, not the run. ncu's default cache control
 # flushes the caches before the profiled kernel (and before each replay pass), so every
@@ -26,7 +26,7 @@ command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
 metrics=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum
 if [[ ${SPLIT:-0} == 1 ]]; then
   known=$(ncu --query-metrics 2>/dev/null; ncu --query-metrics-mode suffix --query-metrics 2>/dev/null)
-  grep -oE '(lts__t_(sectors|requests)|l1tex__m|l1tex__t_sectors_pipe_lsu_mem_global)[a-z0-9_]*' <<<"$known" | sort -u >"$out/ncu_l2_metrics.list"
+  grep -oE '(lts__t_(sectors|requests)|l1tex__m|l1tex__t_sectors_pipe_lsu_mem_(global|local))[a-z0-9_]*' <<<"$known" | sort -u >"$out/ncu_l2_metrics.list"
   # A query that printed nothing usable: keep the two per-source counters NVIDIA documents for
   # the partitioned L2 (GA100 and later) rather than drop the split.
   grep -q lts__t_bytes <<<"$known" || known="lts__t_sectors_srcunit_tex lts__t_sectors_srcunit_ltcfabric"
@@ -38,7 +38,10 @@ if [[ ${SPLIT:-0} == 1 ]]; then
     lts__t_sectors_srcunit_ltcfabric_lookup_hit lts__t_sectors_srcunit_ltcfabric_lookup_miss \
     lts__t_requests_srcunit_tex lts__t_requests_srcunit_ltcfabric \
     l1tex__m_xbar2l1tex_read_sectors l1tex__m_l1tex2xbar_write_sectors l1tex__t_sectors_pipe_lsu_mem_global_op_ld \
-    l1tex__t_sectors_pipe_lsu_mem_global_op_st l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts; do
+    l1tex__t_sectors_pipe_lsu_mem_global_op_st l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts \
+    l1tex__m_xbar2l1tex_read_sectors_mem_lg_op_ld l1tex__m_xbar2l1tex_read_sectors_mem_global_op_ldgsts_cache_access \
+    l1tex__m_l1tex2xbar_write_sectors_mem_lg_op_st l1tex__t_sectors_pipe_lsu_mem_local_op_ld \
+    l1tex__t_sectors_pipe_lsu_mem_local_op_st; do
     if grep -qE "(^|[[:space:]])$m\.sum([[:space:]]|$)" <<<"$known" || grep -qE "(^|[[:space:]])$m([[:space:]]|$)" <<<"$known"; then
       metrics+=,$m.sum
     else

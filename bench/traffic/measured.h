@@ -343,6 +343,9 @@ struct GpuPoint {
   // MATH: the output tiles cuBLAS ran for Q K^T and P V ("tilesize{M}x{N}x" in the kernel names;
   // 0 when the sample has no kernel list), M along the queries.
   int qk_tile[2] = {0, 0}, pv_tile[2] = {0, 0};
+  // Every metric of the CSV summed over the kernels, in its base unit (bytes, sectors,
+  // requests): the per-source split of gpu_ncu.sh SPLIT=1 (l2_split reads it).
+  std::map<std::string, double> metrics;
 };
 
 inline std::vector<std::string> split_csv(const std::string& line) {
@@ -372,8 +375,11 @@ inline bool unit_scale(const std::string& unit, double* scale) {
   return true;
 }
 
-// Sums the metric rows of ncu's CSV. false when a metric is missing or a value unreadable.
-inline bool parse_ncu_csv(const std::string& text, double* read, double* write, double* l2, std::string* error) {
+// Sums the metric rows of ncu's CSV, every metric into `all` (when given); counts (sectors,
+// requests) are taken as they are, byte units scaled to bytes. false when a DRAM metric is
+// missing or a value unreadable.
+inline bool parse_ncu_csv(const std::string& text, double* read, double* write, double* l2, std::string* error,
+                          std::map<std::string, double>* all = nullptr) {
   std::istringstream in(text);
   std::string line;
   int name_col = -1, unit_col = -1, value_col = -1;
@@ -393,19 +399,22 @@ inline bool parse_ncu_csv(const std::string& text, double* read, double* write, 
       continue;
     }
     if (int(cells.size()) <= std::max({name_col, unit_col, value_col})) continue;
+    const std::string& name = cells[size_t(name_col)];
+    const std::string& unit = cells[size_t(unit_col)];
+    const std::string& val = cells[size_t(value_col)];
+    double scale = 0, v = 0;
+    const bool count = unit == "sector" || unit == "request";
+    if ((!count && !unit_scale(unit, &scale)) || !parse_grouped(val.substr(0, val.find('.')), &v)) {
+      *error = "unreadable value '" + val + "' '" + unit + "' of " + name;
+      return false;
+    }
+    const size_t dot = val.find('.');
+    if (dot != std::string::npos) v += std::strtod(("0" + val.substr(dot)).c_str(), nullptr);
+    v *= count ? 1.0 : scale;
+    if (all) (*all)[name] += v;
     for (int m = 0; m < 3; ++m) {
-      if (cells[size_t(name_col)] != metrics[m]) continue;
-      double scale = 0, v = 0;
-      if (!unit_scale(cells[size_t(unit_col)], &scale) ||
-          !parse_grouped(cells[size_t(value_col)].substr(0, cells[size_t(value_col)].find('.')), &v)) {
-        *error = std::string("unreadable value '") + cells[size_t(value_col)] + "' '" + cells[size_t(unit_col)] +
-                 "' of " + metrics[m];
-        return false;
-      }
-      const std::string& val = cells[size_t(value_col)];
-      const size_t dot = val.find('.');
-      if (dot != std::string::npos) v += std::strtod(("0" + val.substr(dot)).c_str(), nullptr);
-      sums[m] += v * scale;
+      if (name != metrics[m]) continue;
+      sums[m] += v;
       seen[m] = true;
     }
   }
@@ -474,7 +483,7 @@ inline bool parse_gpu_sample(const std::string& file, const std::string& text, G
     return true;
   }
   std::string why;
-  if (!parse_ncu_csv(text, &g->dram_read, &g->dram_write, &g->l2_bytes, &why)) {
+  if (!parse_ncu_csv(text, &g->dram_read, &g->dram_write, &g->l2_bytes, &why, &g->metrics)) {
     *error = file + ": " + why;
     return false;
   }
@@ -543,6 +552,40 @@ inline double predicted_smem_l2(const GpuPoint& g, const HardwareProfile& hw) {
   return g.impl == "math" ? rep.levels.front().standard_bytes : rep.levels.front().flash_bytes;
 }
 
+// The L2 lookups of a SPLIT=1 sample by source and operation, and what the SMs' L1TEX sent and
+// received, in bytes (sectors x 32). `requested`: the tiles' sectors the model counts as smem-L2
+// reads, for the ratios docs/traffic.md quotes.
+struct L2Split {
+  double total = 0;                     // lts__t_sectors
+  double tex = 0, tex_read = 0, tex_write = 0, tex_miss = 0;           // srcunit_tex: the SMs
+  double fabric = 0, fabric_read = 0, fabric_write = 0, fabric_miss = 0;  // srcunit_ltcfabric
+  double xbar_read = 0, xbar_write = 0;  // l1tex__m_xbar2l1tex_read / l1tex2xbar_write sectors
+  double l1_ld = 0, l1_st = 0;           // l1tex__t_sectors_pipe_lsu_mem_global_op_ld / _st
+};
+
+inline bool l2_split(const GpuPoint& g, L2Split* s) {
+  const std::pair<const char*, double*> fields[] = {
+      {"lts__t_sectors.sum", &s->total},
+      {"lts__t_sectors_srcunit_tex.sum", &s->tex},
+      {"lts__t_sectors_srcunit_tex_op_read.sum", &s->tex_read},
+      {"lts__t_sectors_srcunit_tex_op_write.sum", &s->tex_write},
+      {"lts__t_sectors_srcunit_tex_lookup_miss.sum", &s->tex_miss},
+      {"lts__t_sectors_srcunit_ltcfabric.sum", &s->fabric},
+      {"lts__t_sectors_srcunit_ltcfabric_op_read.sum", &s->fabric_read},
+      {"lts__t_sectors_srcunit_ltcfabric_op_write.sum", &s->fabric_write},
+      {"lts__t_sectors_srcunit_ltcfabric_lookup_miss.sum", &s->fabric_miss},
+      {"l1tex__m_xbar2l1tex_read_sectors.sum", &s->xbar_read},
+      {"l1tex__m_l1tex2xbar_write_sectors.sum", &s->xbar_write},
+      {"l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum", &s->l1_ld},
+      {"l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum", &s->l1_st}};
+  for (const auto& [name, dst] : fields) {
+    const auto it = g.metrics.find(name);
+    if (it == g.metrics.end()) return false;
+    *dst = 32 * it->second;
+  }
+  return true;
+}
+
 inline bool load_gpu_points(const std::string& dir, std::vector<GpuPoint>* out, std::string* error) {
   for (const std::string& f : list_files(dir, ".txt")) {
     std::string text;
@@ -551,6 +594,43 @@ inline bool load_gpu_points(const std::string& dir, std::vector<GpuPoint>* out, 
     out->push_back(g);
   }
   return true;
+}
+
+// A SPLIT=1 sample's lookups by source against the model's: from the SMs (srcunit_tex) and
+// through the fabric (srcunit_ltcfabric). Empty when the sample has no split.
+inline std::vector<Comparison> compare_split(const GpuPoint& g, const HardwareProfile& hw) {
+  L2Split m;
+  if (!l2_split(g, &m)) return {};
+  const TrafficReport rep = predict_point(g, hw);
+  const bool math = g.impl == "math";
+  const double lookups = math ? rep.standard_l2_lookup_bytes : rep.flash_l2_lookup_bytes;
+  const double fabric = math ? rep.standard_l2_fabric_bytes : rep.flash_l2_fabric_bytes;
+  return {{"L2 from SMs", lookups - fabric, m.tex}, {"L2 fabric", fabric, m.fabric}};
+}
+
+// The SPLIT=1 recordings, one subdirectory of gpu/ each (split-DATE): points of the grid measured
+// again with the per-source counters, held to the bar as the grid's are.
+inline bool load_split_points(const std::string& gpu_dir, std::vector<GpuPoint>* out, std::string* error) {
+  std::vector<std::string> dirs;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(gpu_dir, ec))
+    if (e.is_directory() && e.path().filename().string().rfind("split-", 0) == 0) dirs.push_back(e.path().string());
+  std::sort(dirs.begin(), dirs.end());
+  for (const std::string& d : dirs)
+    if (!load_gpu_points(d, out, error)) return false;
+  return true;
+}
+
+// The model's smem-L2 reads for the point: the sectors its tiles (or MATH's passes) request.
+inline double predicted_smem_l2_reads(const GpuPoint& g, const HardwareProfile& hw) {
+  const TrafficReport rep = predict_point(g, hw);
+  return g.impl == "math" ? rep.levels.front().standard_read_bytes : rep.levels.front().flash_read_bytes;
+}
+
+// The model's fabric lookups (srcunit_ltcfabric) for the point.
+inline double predicted_l2_fabric(const GpuPoint& g, const HardwareProfile& hw) {
+  const TrafficReport rep = predict_point(g, hw);
+  return g.impl == "math" ? rep.standard_l2_fabric_bytes : rep.flash_l2_fabric_bytes;
 }
 
 }  // namespace ioattn::measured
