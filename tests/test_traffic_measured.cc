@@ -177,7 +177,7 @@ TEST_CASE("the recorded L2 split: its sources cover lts__t_sectors, and the CUDA
       // lookups); measured, the fabric carries at most a sixth, and the SMs' reads are 1.5 x what
       // the tiles hold (the model's kCudaCopyReadSectors).
       CHECK(m.fabric < m.total / 6);
-      CHECK(m.xbar_read / predicted_smem_l2_reads(g, h200) == Approx(1.5).epsilon(0.02));
+      CHECK(m.xbar_read / predict_for_point(g, h200).smem_l2_reads == Approx(1.5).epsilon(0.02));
     }
   }
 }
@@ -203,7 +203,7 @@ TEST_CASE("the model is within 15% of the recorded GPU Nsight Compute samples", 
   REQUIRE(find_profile("h200-sxm", &h200, &error));
   int lookups = 0;
   for (const GpuPoint& g : points) {
-    for (const Comparison& c : compare_gpu(g, h200)) {
+    for (const Comparison& c : compare_gpu(g, predict_for_point(g, h200))) {
       lookups += c.boundary == "L2 lookups";
       check_against_bar(g.name, c);
     }
@@ -221,8 +221,9 @@ TEST_CASE("the model is within 15% of the recorded L2 split, in total and by sou
   REQUIRE(find_profile("h200-sxm", &h200, &error));
   int by_source = 0;
   for (const GpuPoint& g : points) {
-    std::vector<Comparison> all = compare_gpu(g, h200);
-    const std::vector<Comparison> split = compare_split(g, h200);
+    const PointPrediction pp = predict_for_point(g, h200);
+    std::vector<Comparison> all = compare_gpu(g, pp);
+    const std::vector<Comparison> split = compare_split(g, pp);
     by_source += int(split.size());
     all.insert(all.end(), split.begin(), split.end());
     for (const Comparison& c : all) {

@@ -534,22 +534,32 @@ inline TrafficReport predict_point(const GpuPoint& g, const HardwareProfile& hw)
                           : predict_traffic(g.problem, plan, hw);
 }
 
-// HBM bytes always; L2 lookups (lts__t_bytes, every byte the L2 slices look up: docs/traffic.md)
-// where the sample measured them.
-inline std::vector<Comparison> compare_gpu(const GpuPoint& g, const HardwareProfile& hw) {
+// The model's figures for one point, for the implementation it measured (flash for ioattn's
+// kernel, standard for MATH), from one run of the model.
+struct PointPrediction {
+  double hbm = 0;            // L2-HBM bytes
+  double smem_l2 = 0;        // smem-L2 bytes: what the SMs request, reads and writes
+  double smem_l2_reads = 0;  // the sectors its tiles (or MATH's passes) read
+  double lookups = 0;        // L2 lookups (lts__t_bytes)
+  double fabric = 0;         // of those, forwarded between partitions (srcunit_ltcfabric)
+};
+
+inline PointPrediction predict_for_point(const GpuPoint& g, const HardwareProfile& hw) {
   const TrafficReport rep = predict_point(g, hw);
-  const bool math = g.impl == "math";
-  const BoundaryTraffic& hbm = rep.levels.back();
-  std::vector<Comparison> c = {{"L2-HBM", math ? hbm.standard_bytes : hbm.flash_bytes, g.dram_read + g.dram_write}};
-  if (g.l2_bytes >= 0)
-    c.push_back({"L2 lookups", math ? rep.standard_l2_lookup_bytes : rep.flash_l2_lookup_bytes, g.l2_bytes});
-  return c;
+  const BoundaryTraffic &inner = rep.levels.front(), &hbm = rep.levels.back();
+  if (g.impl == "math")
+    return {hbm.standard_bytes, inner.standard_bytes, inner.standard_read_bytes, rep.standard_l2_lookup_bytes,
+            rep.standard_l2_fabric_bytes};
+  return {hbm.flash_bytes, inner.flash_bytes, inner.flash_read_bytes, rep.flash_l2_lookup_bytes,
+          rep.flash_l2_fabric_bytes};
 }
 
-// The model's smem-L2 boundary: bytes the SMs request, beside the lookups they cost.
-inline double predicted_smem_l2(const GpuPoint& g, const HardwareProfile& hw) {
-  const TrafficReport rep = predict_point(g, hw);
-  return g.impl == "math" ? rep.levels.front().standard_bytes : rep.levels.front().flash_bytes;
+// HBM bytes always; L2 lookups (lts__t_bytes, every byte the L2 slices look up: docs/traffic.md)
+// where the sample measured them.
+inline std::vector<Comparison> compare_gpu(const GpuPoint& g, const PointPrediction& pp) {
+  std::vector<Comparison> c = {{"L2-HBM", pp.hbm, g.dram_read + g.dram_write}};
+  if (g.l2_bytes >= 0) c.push_back({"L2 lookups", pp.lookups, g.l2_bytes});
+  return c;
 }
 
 // The L2 lookups of a SPLIT=1 sample by source and operation, and what the SMs' L1TEX sent and
@@ -598,14 +608,10 @@ inline bool load_gpu_points(const std::string& dir, std::vector<GpuPoint>* out, 
 
 // A SPLIT=1 sample's lookups by source against the model's: from the SMs (srcunit_tex) and
 // through the fabric (srcunit_ltcfabric). Empty when the sample has no split.
-inline std::vector<Comparison> compare_split(const GpuPoint& g, const HardwareProfile& hw) {
+inline std::vector<Comparison> compare_split(const GpuPoint& g, const PointPrediction& pp) {
   L2Split m;
   if (!l2_split(g, &m)) return {};
-  const TrafficReport rep = predict_point(g, hw);
-  const bool math = g.impl == "math";
-  const double lookups = math ? rep.standard_l2_lookup_bytes : rep.flash_l2_lookup_bytes;
-  const double fabric = math ? rep.standard_l2_fabric_bytes : rep.flash_l2_fabric_bytes;
-  return {{"L2 from SMs", lookups - fabric, m.tex}, {"L2 fabric", fabric, m.fabric}};
+  return {{"L2 from SMs", pp.lookups - pp.fabric, m.tex}, {"L2 fabric", pp.fabric, m.fabric}};
 }
 
 // The SPLIT=1 recordings, one subdirectory of gpu/ each (split-DATE): points of the grid measured
@@ -619,18 +625,6 @@ inline bool load_split_points(const std::string& gpu_dir, std::vector<GpuPoint>*
   for (const std::string& d : dirs)
     if (!load_gpu_points(d, out, error)) return false;
   return true;
-}
-
-// The model's smem-L2 reads for the point: the sectors its tiles (or MATH's passes) request.
-inline double predicted_smem_l2_reads(const GpuPoint& g, const HardwareProfile& hw) {
-  const TrafficReport rep = predict_point(g, hw);
-  return g.impl == "math" ? rep.levels.front().standard_read_bytes : rep.levels.front().flash_read_bytes;
-}
-
-// The model's fabric lookups (srcunit_ltcfabric) for the point.
-inline double predicted_l2_fabric(const GpuPoint& g, const HardwareProfile& hw) {
-  const TrafficReport rep = predict_point(g, hw);
-  return g.impl == "math" ? rep.standard_l2_fabric_bytes : rep.flash_l2_fabric_bytes;
 }
 
 }  // namespace ioattn::measured

@@ -97,12 +97,13 @@ int main(int argc, char** argv) {
       "smem-L2 MB | predicted L2 lookups MB | err |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (const GpuPoint& g : gpu) {
-    const std::vector<Comparison> c = compare_gpu(g, h200);
+    const PointPrediction pp = predict_for_point(g, h200);
+    const std::vector<Comparison> c = compare_gpu(g, pp);
     const bool lookups = c.size() > 1;
     std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", g.name.c_str(), mb(g.dram_read).c_str(),
                 mb(g.dram_write).c_str(), mb(c[0].predicted).c_str(), mb(c[0].measured).c_str(),
                 pct(c[0].error()).c_str(), lookups ? mb(c[1].measured).c_str() : "-",
-                mb(predicted_smem_l2(g, h200)).c_str(), lookups ? mb(c[1].predicted).c_str() : "-",
+                mb(pp.smem_l2).c_str(), lookups ? mb(c[1].predicted).c_str() : "-",
                 lookups ? pct(c[1].error()).c_str() : "-");
     for (const Comparison& x : c) {
       misses += std::fabs(x.error()) > kBar;
@@ -133,11 +134,12 @@ int main(int argc, char** argv) {
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   }
   for (const GpuPoint& g : split) {
-    const std::vector<Comparison> c = compare_gpu(g, h200);
+    const PointPrediction pp = predict_for_point(g, h200);
+    const std::vector<Comparison> c = compare_gpu(g, pp);
     L2Split m;
     const bool by_source = l2_split(g, &m);
-    const std::vector<Comparison> by = compare_split(g, h200);
-    const double req = predicted_smem_l2_reads(g, h200), fabric = predicted_l2_fabric(g, h200);
+    const std::vector<Comparison> by = compare_split(g, pp);
+    const double req = pp.smem_l2_reads, fabric = pp.fabric;
     const double lookups = c.size() > 1 ? c[1].predicted : 0, measured = c.size() > 1 ? c[1].measured : 0;
     char ratios[64] = "-";
     if (by_source) std::snprintf(ratios, sizeof ratios, "%.3f | %.3f", m.xbar_read / req, m.l1_ld / req);
