@@ -322,21 +322,18 @@ TEST_CASE("GPU L2 lookups: the SMs' requests in sectors, and the fabric's first 
   const Problem big = make(16, 1024, 128, DType::bf16);
   const Plan big_plan = plan_gpu(big, h200);
   const StandardPasses math = pytorch_math_passes();
+  const TrafficReport base = predict_traffic(big, big_plan, h200, math);
   const double s_fp32 = 16 * 1024.0 * 1024 * 4;
   StandardPasses more = math;
   more.s_reads += 1;
-  CHECK(predict_traffic(big, big_plan, h200, more).standard_l2_lookup_bytes -
-            predict_traffic(big, big_plan, h200, math).standard_l2_lookup_bytes ==
-        Approx(1.5 * s_fp32));
-  CHECK(predict_traffic(big, big_plan, h200, more).standard_l2_fabric_bytes -
-            predict_traffic(big, big_plan, h200, math).standard_l2_fabric_bytes ==
-        Approx(0.5 * s_fp32));
+  const TrafficReport more_rep = predict_traffic(big, big_plan, h200, more);
+  CHECK(more_rep.standard_l2_lookup_bytes - base.standard_l2_lookup_bytes == Approx(1.5 * s_fp32));
+  CHECK(more_rep.standard_l2_fabric_bytes - base.standard_l2_fabric_bytes == Approx(0.5 * s_fp32));
   // Halving the key extent of the Q K^T tile reads the fp32 Q (8 MiB) 16 times instead of 8.
   StandardPasses narrow = math;
   narrow.qk_tile_k = 64;
   const double q_fp32 = 16 * 1024.0 * 128 * 4;
-  CHECK(predict_traffic(big, big_plan, h200, narrow).standard_l2_lookup_bytes -
-            predict_traffic(big, big_plan, h200, math).standard_l2_lookup_bytes ==
+  CHECK(predict_traffic(big, big_plan, h200, narrow).standard_l2_lookup_bytes - base.standard_l2_lookup_bytes ==
         Approx(8 * q_fp32));
   // The fp32 prologue and epilogue, each byte touched once: Q, K, V read in bf16 and written in
   // fp32, the Q and K copies read and written again (scaled), O written in fp32 and read back for
@@ -347,8 +344,7 @@ TEST_CASE("GPU L2 lookups: the SMs' requests in sectors, and the fabric's first 
   const double el = 16 * 1024.0 * 128;
   const double prologue = 3 * el * (2 + 4) + 2 * el * (4 + 4) + el * (4 + 4);
   const double operands = 3 * el * (4 - 2) * (8 + 1);
-  CHECK(predict_traffic(big, big_plan, h200, math).standard_l2_lookup_bytes -
-            predict_traffic(big, big_plan, h200, bf16_gemms).standard_l2_lookup_bytes ==
+  CHECK(base.standard_l2_lookup_bytes - predict_traffic(big, big_plan, h200, bf16_gemms).standard_l2_lookup_bytes ==
         Approx(1.5 * prologue + operands));
   // The CPU has no such count.
   const HardwareProfile zen3 = profile("zen3");
