@@ -1684,6 +1684,7 @@ class Scratch {
     if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir_.c_str());
   }
   std::string operator/(const std::string& name) const { return dir_ + "/" + name; }
+  std::string name() const { return dir_.substr(dir_.rfind('/') + 1); }
   // Names in the directory, sorted.
   std::vector<std::string> listing() const {
     const std::string list = dir_ + ".list";
@@ -1942,4 +1943,22 @@ TEST_CASE("sweep cli: explain's K/V figure never exceeds the problem's K/V", "[s
   const double scale = unit.rfind("GiB", 0) == 0 ? 0x1p30 : unit.rfind("MiB", 0) == 0 ? 0x1p20
                        : unit.rfind("KiB", 0) == 0 ? 0x1p10 : 1.0;
   CHECK(value * scale <= 8.0 * 32768 * 256 * 2);
+}
+
+TEST_CASE("sweep cli: --lse naming --out's file by another spelling is refused, not written over it", "[sweep][cli]") {
+  // Both files are renamed into place on success, so the second rename would silently replace the
+  // attention output with the LSE array; the same string is already refused, and any spelling of
+  // the same directory entry is the same destination.
+  Scratch dir;
+  write_f32(dir / "q.npy", {1, 4, 2, 8}, 1);
+  write_f32(dir / "k.npy", {1, 5, 2, 8}, 2);
+  for (const std::string& lse : {dir / "./o.npy", dir / "../" + dir.name() + "/o.npy"}) {
+    const CliResult r = cli(dir, {"run", "--q", dir / "q.npy", "--k", dir / "k.npy", "--v", dir / "k.npy", "--out",
+                                  dir / "o.npy", "--lse", lse});
+    INFO(lse << ": " << r.err);
+    CHECK(r.code == 2);
+    CHECK(one_line(r.err));
+    CHECK(r.err.find("--lse") != std::string::npos);
+    CHECK(dir.listing() == std::vector<std::string>{"k.npy", "q.npy"});
+  }
 }

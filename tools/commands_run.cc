@@ -150,6 +150,11 @@ int cmd_run(int argc, char** argv) {
   StagedFile out_file("--out", out_path);
   std::unique_ptr<StagedFile> lse_file;
   if (lse_path) lse_file = std::make_unique<StagedFile>("--lse", *lse_path);
+  // Another spelling of --out's path (./o.npy, a symlinked directory) would rename the LSE over
+  // the output after it was committed.
+  if (lse_file && lse_file->destination() == out_file.destination()) {
+    throw usage_error("--lse " + quoted(*lse_path) + ": names the same file as --out " + quoted(out_path));
+  }
 
   HostTensor out(q.dtype, q.batch, q.seqlen, q.heads, v.head_dim);
   std::vector<float> lse;

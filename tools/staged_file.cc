@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -31,6 +33,9 @@ StagedFile::StagedFile(std::string flag, std::string path) : flag_(std::move(fla
                       std::strerror(errno));
   }
   temp_path_.assign(buf.data());
+  // mkstemp just created a file in `dir`, so the directory exists and resolves.
+  char resolved[PATH_MAX];
+  destination_ = (::realpath(dir.c_str(), resolved) ? std::string(resolved) : dir) + "/" + base;
   // mkstemp creates 0600; give the result the permissions a plain open(O_CREAT, 0666) would.
   const mode_t mask = ::umask(0);
   ::umask(mask);

@@ -23,9 +23,12 @@ class StagedFile {
   void commit();
 
   const std::string& path() const { return path_; }
+  // The directory entry commit() replaces, with the directory resolved (symlinks, "." and ".."),
+  // so two spellings of one destination compare equal.
+  const std::string& destination() const { return destination_; }
 
  private:
-  std::string flag_, path_, temp_path_;
+  std::string flag_, path_, temp_path_, destination_;
   int fd_ = -1;
   bool committed_ = false;
 };
