@@ -1,6 +1,7 @@
 #include "common/hardware.h"
 
 #include <hwy/targets.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -202,12 +203,28 @@ int simd_bits_of_target(int64_t target) {
   return 128;
 }
 
+}  // namespace
+
+// The CPUs this thread may run on, not the machine's: under taskset, a cgroup cpuset (containers)
+// or a job scheduler's binding, a default team of every online CPU puts several threads on each
+// allowed core (16 threads on 2 CPUs ran decode at half speed on the H200 host). OpenMP sizes its
+// default team from the same mask.
+int available_cpus() {
+#ifdef __linux__
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? int(online) : int(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+namespace {
+
 HardwareProfile detect_host_uncached() {
   HardwareProfile hw;
   hw.name = "host";
   hw.kind = DeviceKind::cpu;
-  const long online = sysconf(_SC_NPROCESSORS_ONLN);
-  hw.cores = online > 0 ? int(online) : int(std::max(1u, std::thread::hardware_concurrency()));
+  hw.cores = available_cpus();
 
   // The best compiled-and-supported target is the lowest set bit: Highway numbers better targets lower.
   const int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;

@@ -52,8 +52,12 @@ const std::vector<HardwareProfile>& builtin_profiles();
 // Returns false and fills *error (naming the value and the valid names) when unknown.
 bool find_profile(const std::string& name, HardwareProfile* out, std::string* error);
 
-// Detected host CPU: sysfs caches and sharing, core count, Highway's dispatch target.
+// Detected host CPU: sysfs caches and sharing, core count (available_cpus() at the first call),
+// Highway's dispatch target.
 HardwareProfile detect_host();
+
+// CPUs the calling thread's affinity mask allows (all online CPUs where there is no mask).
+int available_cpus();
 
 // Detected CUDA device 0, when this build has CUDA and a device is visible.
 bool detect_gpu(HardwareProfile* out);

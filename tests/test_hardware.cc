@@ -1,5 +1,6 @@
 // Hardware profiles: the built-ins carry the figures and sources the planner relies on, the host
 // is detected from sysfs and Highway, and custom profile files fail loudly when malformed.
+#include <sched.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -7,6 +8,7 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "common/hardware.h"
 #include "tests/catch.h"
@@ -118,6 +120,30 @@ TEST_CASE("the host profile comes from sysfs and Highway") {
   // Cached: the second call answers the same.
   CHECK(detect_host().levels.size() == host.levels.size());
 }
+
+#ifdef __linux__
+TEST_CASE("the default thread count follows the affinity mask, not the online CPU count") {
+  cpu_set_t all;
+  REQUIRE(sched_getaffinity(0, sizeof(all), &all) == 0);
+  CHECK(available_cpus() == CPU_COUNT(&all));
+  int first = -1;
+  for (int c = 0; c < CPU_SETSIZE && first < 0; ++c)
+    if (CPU_ISSET(c, &all)) first = c;
+  REQUIRE(first >= 0);
+  // A thread bound to one CPU (as taskset or a container's cpuset binds a process) sees one.
+  int seen = 0, bound = -1;
+  std::thread t([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    bound = sched_setaffinity(0, sizeof(one), &one);
+    seen = available_cpus();
+  });
+  t.join();
+  REQUIRE(bound == 0);
+  CHECK(seen == 1);
+}
+#endif
 
 #if !IOATTN_HAVE_CUDA
 TEST_CASE("a build without CUDA detects no GPU") {

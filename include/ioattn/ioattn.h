@@ -37,7 +37,7 @@ typedef struct ioattn_options {
   int32_t window_left, window_right; /* -1: unbounded */
   float softcap;                     /* 0: off */
   int32_t backend;                   /* ioattn_backend */
-  int32_t num_threads;               /* CPU; 0: library default (IOATTN_NUM_THREADS env, else all cores) */
+  int32_t num_threads;               /* CPU; 0: library default (IOATTN_NUM_THREADS env, else all cores the process may run on) */
   void* cuda_stream;                 /* CUDA; NULL: default stream */
 } ioattn_options;
 
