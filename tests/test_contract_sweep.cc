@@ -1650,6 +1650,77 @@ TEST_CASE("sweep: the C++ API: defaults, views, exceptions carrying status and m
   CHECK_NOTHROW(ioattn::forward_kvcache(tq, cache, nullptr, nullptr, to, nullptr, opt));
 }
 
+namespace {
+
+uint32_t env_count(const char* name, uint32_t fallback) {
+  const char* env = std::getenv(name);
+  return env ? uint32_t(std::strtoul(env, nullptr, 10)) : fallback;
+}
+
+ioattn_options random_options(std::mt19937& rng) {
+  ioattn_options o = defaults();
+  o.causal = int32_t(rng() % 2);
+  o.window_left = rng() % 3 == 0 ? int32_t(rng() % 50) : -1;
+  o.window_right = rng() % 4 == 0 ? int32_t(rng() % 10) : -1;
+  o.softcap = rng() % 4 == 0 ? float(1 + rng() % 30) : 0.f;
+  o.scale = rng() % 5 == 0 ? 0.05f + float(rng() % 50) / 100.f : 0.f;
+  o.num_threads = int32_t(rng() % 4);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("sweep: random varlen and KV-cache requests against the contract's oracle", "[sweep][random][inference]") {
+  const uint32_t first = env_count("IOATTN_SWEEP_FIRST", 1), count = env_count("IOATTN_SWEEP_SEEDS", 40);
+  for (uint32_t seed = first; seed < first + count; ++seed) {
+    std::mt19937 rng(seed * 7919u);
+    const int64_t hkv = 1 + rng() % 3, group = int64_t(1) << (rng() % 4);
+    const int64_t dims[] = {1, 5, 8, 24, 40, 64, 80, 128};
+    const int64_t d = dims[rng() % 8], dv = rng() % 3 ? d : dims[rng() % 8];
+    const ioattn_options o = random_options(rng);
+    VarlenSpec v;
+    const int32_t batch = int32_t(1 + rng() % 5);
+    for (int32_t b = 0; b < batch; ++b) {
+      v.lens_q.push_back(int32_t(rng() % 4 == 0 ? 0 : rng() % 70));
+      v.lens_k.push_back(int32_t(rng() % 5 == 0 ? 0 : rng() % 300));
+    }
+    v.lead_q = rng() % 3;
+    v.tail_q = rng() % 3;
+    v.lead_k = rng() % 5;
+    v.hq = hkv * group;
+    v.hkv = hkv;
+    v.d = d;
+    v.dv = dv;
+    v.row_pad = rng() % 2 ? 3 : 0;
+    v.dtype = int32_t(rng() % 3);
+    KvSpec k;
+    for (int32_t b = 0; b < batch; ++b) k.cached.push_back(int32_t(rng() % 4 == 0 ? rng() % 2 : rng() % 400));
+    k.cache = int32_t(rng() % 3);
+    k.io = rng() % 2 ? IOATTN_F32 : k.cache;
+    k.hq = hkv * group;
+    k.hkv = hkv;
+    k.d = d;
+    k.dv = dv;
+    k.sq = 1 + int64_t(rng() % 16);
+    k.snew = rng() % 3 == 0 ? 0 : k.sq;
+    const int64_t pages[] = {0, 1, 2, 3, 16, 17, 256};
+    k.page = pages[rng() % 7];
+    k.head_major = k.page > 0 && rng() % 2;
+    INFO("seed " << seed << " Hq " << hkv * group << " Hkv " << hkv << " D " << d << " Dv " << dv << " causal "
+                 << o.causal << " window " << o.window_left << "," << o.window_right << " softcap " << o.softcap
+                 << " scale " << o.scale << " threads " << o.num_threads);
+    {
+      INFO("varlen " << dtype_label(v.dtype) << " batch " << batch);
+      run_varlen(v, o, seed);
+    }
+    {
+      INFO("kvcache io " << dtype_label(k.io) << " cache " << dtype_label(k.cache) << " Sq " << k.sq << " Snew "
+                         << k.snew << " page " << k.page << (k.head_major ? " head-major" : ""));
+      run_kvcache(k, o, seed);
+    }
+  }
+}
+
 // ---- CLI ---------------------------------------------------------------------------------
 
 namespace {
