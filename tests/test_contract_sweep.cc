@@ -1721,6 +1721,31 @@ TEST_CASE("sweep: random varlen and KV-cache requests against the contract's ora
   }
 }
 
+TEST_CASE("sweep: without a usable CUDA device, varlen and KV-cache calls on CUDA are UNSUPPORTED, untouched",
+          "[sweep][api][cuda]") {
+  if (ioattn_backend_available(IOATTN_BACKEND_CUDA)) return;  // the GPU tests cover a usable device
+  ioattn_options o = defaults();
+  o.backend = IOATTN_BACKEND_CUDA;
+  {
+    Arr q(IOATTN_BF16, 1, 6, 2, 8), k(IOATTN_BF16, 1, 9, 1, 8), out(IOATTN_BF16, 1, 6, 2, 8);
+    const std::vector<unsigned char> before = out.bytes();
+    const int32_t cu_q[] = {0, 6}, cu_k[] = {0, 9};
+    ioattn_tensor tq = q.t(), tk = k.t(), to = out.t();
+    CHECK(ioattn_forward_varlen(&tq, &tk, &tk, cu_q, cu_k, 1, &to, nullptr, &o) == IOATTN_ERROR_UNSUPPORTED);
+    CHECK(last_error().find("CUDA") != std::string::npos);
+    CHECK(out.bytes() == before);
+  }
+  {
+    CacheRequest r;
+    r.opt = o;
+    const std::vector<unsigned char> k_before = r.kc.bytes(), out_before = r.out.bytes();
+    CHECK(r.call() == IOATTN_ERROR_UNSUPPORTED);
+    CHECK(last_error().find("CUDA") != std::string::npos);
+    CHECK(r.kc.bytes() == k_before);
+    CHECK(r.out.bytes() == out_before);
+  }
+}
+
 // ---- CLI ---------------------------------------------------------------------------------
 
 namespace {
