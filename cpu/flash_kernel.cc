@@ -107,11 +107,15 @@ constexpr size_t AlignBytes(size_t x) { return (x + 63) / 64 * 64; }
 // per kv head: decode's G heads of one token (G = 4 for Hq = 32 over Hkv = 8) or a couple of
 // speculative tokens. Its cost per key grows with the rows (2 x rows x D multiply-adds) while the
 // packed path's register tile wants 16+ rows. kDecodeKeys positions form one softmax block: the
-// block's K and V for all heads (16 x 8 x 512 bytes = 64 KiB in f16) are in flight or in L1/L2
-// between the score pass and P V; 16 ran at least as fast as 32 and 64 (within the loaded
-// VM's noise), and the smaller block leaves its V lines less time to be evicted before P V.
+// block's K and V for all heads (32 x 8 x 512 bytes = 128 KiB in f16) wait in L2, where
+// LineQueue puts them, between the score pass and P V. 32 keys halve the per-block costs (the
+// softmax's max and sum reductions, the rescale of O, the row pointers) against 16: -8.5%
+// instructions. While the queue prefetched into L1, 32 and 64 measured no faster than 16 (the
+// larger block's lines were evicted from the 48 KiB L1 before use); with the queue filling L2,
+// 32 beat 16 in every paired run (below), and 64 did not (H200 host, one pass: 53-69% of the
+// paired read against 64-78% for 16).
 constexpr int64_t kDecodeRows = cpu_decode_max_rows;
-constexpr int64_t kDecodeKeys = 16;
+constexpr int64_t kDecodeKeys = 32;
 // Score rows are kDecodeStride floats apart: whole vectors, so the softmax loads past the
 // block's last key (and masks) instead of running a scalar tail.
 constexpr int64_t kDecodeStride = RoundUp(kDecodeKeys, kLanes);
@@ -825,7 +829,7 @@ HWY_INLINE hn::Vec<D> PairSums(D d, hn::Vec<D> a, hn::Vec<D> b) {
   return Add(ConcatEven(d, b, a), ConcatOdd(d, b, a));
 }
 
-// Software prefetch of the next softmax block: a head's K and V rows of block n + 1 (16 x 512
+// Software prefetch of the next softmax block: a head's K and V rows of block n + 1 (32 x 512
 // bytes at D = 128 in f16) are requested while the same head computes block n, a few lines per
 // inner step of the score and P V loops (per_step = lines / steps, 2 at AVX-512 and D = 128),
 // so the requests overlap the arithmetic instead of queueing behind each other. Measured on the
@@ -836,15 +840,21 @@ HWY_INLINE hn::Vec<D> PairSums(D d, hn::Vec<D> a, hn::Vec<D> b) {
 // on the 16 L1 fill buffers, 85% of samples on the prefetches), 3 lines per step (the queue
 // then competes with the current block's L2 hits), the next head's rows of the current block
 // on top (in-L2 runs 12.7 -> 10.5 GB/s), all heads of the next block in position order (what
-// the L2 streamer follows best; -5 points), two blocks ahead (same within noise). What is left
-// is the fill buffers: at 2 threads a fifth of the score and P V samples sit on a prefetch.
+// the L2 streamer follows best; -5 points), two blocks ahead (same within noise).
+// The requests are prefetcht2 (into L2), not prefetcht0: the lines are used a block later, after
+// all other heads' blocks have passed through L1, so L1 never kept them anyway, and a synthetic
+// stream with this access order and arithmetic ran 66-82% of a paired plain read with t2
+// against 56-65% with t0 (H200 host's Xeon, 1 and 2 threads; nta: 22%). With 32-key blocks,
+// bench_decode at 2 threads (f16 and bf16, 0.5-1 GiB caches, three alternated passes): dev VM
+// 70-79% of the paired read against 66-74% for t0 and 16 keys (t2 alone: 70-75%); H200 host,
+// one pass, 17-20 GB/s against 16-18.
 struct LineQueue {
   const char* const* rows;
   int64_t nrows, row_bytes, per_step;
   int64_t row = 0, byte = 0;
   HWY_INLINE void Issue() {
     for (int64_t n = 0; n < per_step && row < nrows; ++n) {
-      __builtin_prefetch(rows[row] + byte, 0, 3);
+      __builtin_prefetch(rows[row] + byte, 0, 1);
       byte += 64;
       if (byte >= row_bytes) {
         byte = 0;
