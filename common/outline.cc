@@ -117,11 +117,21 @@ DesignOutline designOutline(const Problem& pr, const Plan& plan, const HardwareP
   o.tradeoff = trade;
 
   if (gpu) {
+    // K/V the resident CTAs read at once: each (unit, key split) is read by its q_blocks CTAs, a
+    // split covers 1 / kv_splits of a head's keys, and prefill units are query heads, G of which
+    // share one kv head; never more than the problem's whole K/V.
+    const int64_t group = pr.heads_kv > 0 ? std::max<int64_t>(1, pr.heads_q / pr.heads_kv) : 1;
+    const bool per_q_head = plan.units == pr.batch * pr.heads_q && group > 1;
+    const double resident = double(std::min<int64_t>(plan.workers, plan.work_items));
+    const double unit_splits = std::ceil(resident / double(std::max<int64_t>(1, q_blocks)));
+    const double active_kv = std::min(double(pr.batch * pr.heads_kv) * kv_head,
+                                      std::ceil(unit_splits / double(per_q_head ? group : 1)) * kv_head /
+                                          double(std::max(1, plan.kv_splits)));
     o.failureMode = "The tile needs " + format_bytes(double(plan.working_set_bytes)) + " of shared memory per block: on a GPU " +
                     "with less than that opt-in (this profile has " + format_bytes(double(plan.target_level_bytes)) +
                     ") the kernel cannot launch, and below " + format_bytes(2.0 * double(plan.working_set_bytes)) +
                     " per SM only one CTA fits and latency hiding halves; if the L2 holds less than the active heads' K/V (" +
-                    format_bytes(kv_head * std::max(1.0, double(plan.workers) / std::max<int64_t>(1, q_blocks))) +
+                    format_bytes(active_kv) +
                     ", vs " + format_bytes(double(hw.levels[1].size_bytes) / std::max(1, hw.levels[1].partitions)) +
                     " per partition here) K/V is re-read from " + hw.dram().name + " per query block." +
                     (plan.supported ? "" : " This shape is not supported by the CUDA build: " + plan.rationale);
