@@ -50,6 +50,7 @@ json measured_json(const Measured& m, double flops, double peak, double io_bytes
 int cmd_bench(int argc, char** argv) {
   Args a("bench");
   add_problem_flags(a, false);
+  a.option("--hw", "NAME", "hardware: only host (bench measures the machine it runs on; API.md's shared flag)", true);
   a.option("--threads", "N", "CPU threads for both, 0 = library default (IOATTN_NUM_THREADS, else all cores)");
   a.option("--repeats", "N", "timed runs of each after one warm-up; the fastest counts (default 3)");
   a.flag("--json", "machine-readable output");
@@ -62,6 +63,13 @@ int cmd_bench(int argc, char** argv) {
                         "peak, extra memory each allocates, peak memory (inputs, output and that extra),\n"
                         "and the largest difference between the two outputs. Problem flags default to 16 heads x 4096 tokens x head dim 128, f32.");
     return kExitOk;
+  }
+  // The shared problem flags include --hw; a timing is of this machine, so only host is meaningful.
+  for (const std::string& name : a.values("--hw")) {
+    if (name != "host") {
+      throw usage_error("bench: --hw '" + name + "': bench measures this machine, so the only valid name is 'host' (" +
+                        "plan, traffic and explain take any profile)");
+    }
   }
   const ProblemRequest req = read_problem_flags(a, false);
   const Problem& pr = req.problem;
