@@ -13,6 +13,7 @@
 
 #include "common/alloc.h"
 #include "common/dtype.h"
+#include "common/hardware.h"
 #include "cpu/cpu_backend.h"
 #include "ioattn/ioattn.h"
 #include "tests/catch.h"
@@ -108,7 +109,8 @@ TEST_CASE("dense forward: each failing scratch allocation returns OUT_OF_MEMORY,
     const ioattn::Plan plan = ioattn::cpu::plan_for_params(ioattn::test::make_params(c, bufs));
     // The kernel allocates its tile index and the workers' scratch, plus the split partials.
     CHECK(failures == (plan.kv_splits > 1 ? 3 : 2));
-    if (sh.sq == 1) CHECK(plan.kv_splits > 1);
+    // Decode splits its keys to fill the cores this process may use (one CPU: nothing to fill).
+    if (sh.sq == 1 && ioattn::detect_host().cores > 1) CHECK(plan.kv_splits > 1);
   }
 }
 
