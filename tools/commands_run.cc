@@ -111,9 +111,6 @@ int cmd_run(int argc, char** argv) {
                         "created or truncated.");
     return kExitOk;
   }
-  for (const char* required : {"--q", "--k", "--v", "--out"}) {
-    if (!a.has(required)) throw usage_error(std::string("missing required flag ") + required);
-  }
   ioattn_options opt;
   ioattn_options_default(&opt);
   opt.causal = a.has("--causal") ? 1 : 0;
@@ -132,6 +129,11 @@ int cmd_run(int argc, char** argv) {
       opt.backend = IOATTN_BACKEND_CUDA;
     else
       throw usage_error("--backend: expected cpu or cuda, got " + quoted(*b));
+  }
+  // Checked after the values above, so a malformed value the user typed is named before a flag
+  // they have not typed yet.
+  for (const char* required : {"--q", "--k", "--v", "--out"}) {
+    if (!a.has(required)) throw usage_error(std::string("missing required flag ") + required);
   }
   const std::string out_path = *a.value("--out");
   const auto lse_path = a.value("--lse");
