@@ -1066,7 +1066,15 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
         // Q^T and O for 3% of the copy's re-read bytes.
         const TileRefills t = cpu_tile_refills(pr, plan, ks, occ, true);
         fr += units * (t.inside + t.tile_refill) + std::max(0.0, units - active) * t.first_tile;
-        fw = sz.o + sz.lse + units * head_copy;
+        // Each worker packs every unit into the same scratch: where the copy fits the worker's
+        // share beside the tile's buffers, the next unit's packing overwrites lines still held
+        // dirty here and only a cold call's first touch of each worker's copy crosses (as
+        // standard's S, when it stays); otherwise every unit's copy is evicted below. On the
+        // host's 260 MiB L3 the 4 MiB copy at S = 4096 stays, and counting it per unit put flash
+        // above standard at the DRAM boundary (192 vs 128 MiB).
+        const double copies_written =
+            head_copy + ws <= share ? (opt.cold_scratch ? std::min(units, double(active)) : 0.0) : units;
+        fw = sz.o + sz.lse + copies_written * head_copy;
       }
       // Decode: a working set larger than this level's per-worker share spills: its per-step
       // traffic then crosses this boundary as it crosses L1d-L2. Only if it fits no level between:
