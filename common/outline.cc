@@ -106,7 +106,8 @@ DesignOutline designOutline(const Problem& pr, const Plan& plan, const HardwareP
                       fmt("%.3g", rescale_pct) + "% on top of the matmul FLOPs. ";
   if (off.standard_bytes <= off.flash_bytes * 1.05) {
     trade += "Here the standard path moves about as few off-chip bytes (" + format_bytes(off.standard_bytes) + " vs " +
-             format_bytes(off.flash_bytes) + ") because the " + format_bytes(s_needed) + " score matrix stays in the " +
+             format_bytes(off.flash_bytes) + ") because " + (gpu ? "the " : "a head's ") + format_bytes(s_needed) +
+             " score matrix stays in the " +
              format_bytes(cache_share) + " " + last_cache.name + " share, and two tuned GEMMs can then beat the fused kernel.";
   } else {
     trade += std::string("The standard path would win only while ") + (gpu ? "the whole score matrix (" : "a head's score matrix (") +
