@@ -27,64 +27,23 @@
 
 #include "ioattn/ioattn.h"
 #include "tests/catch.h"
+#include "tests/contract_cli.h"
 
 namespace {
 
 using json = nlohmann::json;
 
-struct CliResult {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using ioattn::contract::CliResult;
+using ioattn::contract::file_exists;
+using ioattn::contract::read_file;
+using ioattn::contract::Scratch;
 
 void spit(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
-bool exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
-}
-
-class Scratch {
- public:
-  Scratch() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string templ = std::string(tmp ? tmp : "/tmp") + "/ioattn_clisweep_XXXXXX";
-    REQUIRE(::mkdtemp(templ.data()) != nullptr);
-    dir_ = templ;
-  }
-  ~Scratch() {
-    const std::string cmd = "rm -rf '" + dir_ + "'";
-    if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir_.c_str());
-  }
-  std::string operator/(const std::string& name) const { return dir_ + "/" + name; }
-
- private:
-  std::string dir_;
-};
-
-// Runs the binary with stdout and stderr captured into files outside the scratch directory's
-// listing, so a test can check that a failure created nothing there.
+// Output captured outside the scratch directories the tests list.
 CliResult cli(const std::vector<std::string>& args) {
-  const char* exe = std::getenv("IOATTN_CLI");
-  REQUIRE(exe != nullptr);
   static Scratch capture;
-  std::string cmd = std::string("'") + exe + "'";
-  for (const std::string& a : args) cmd += " '" + a + "'";
-  const std::string out = capture / "stdout", err = capture / "stderr";
-  cmd += " > '" + out + "' 2> '" + err + "'";
-  const int status = std::system(cmd.c_str());
-  CliResult r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
+  return ioattn::contract::run_cli(capture, args);
 }
 
 bool one_line(const std::string& s) { return !s.empty() && s.find('\n') == s.size() - 1; }
@@ -152,7 +111,7 @@ struct Npy {
 };
 
 Npy read_npy(const std::string& path) {
-  const std::string f = slurp(path);
+  const std::string f = read_file(path);
   REQUIRE(f.size() >= 10);
   REQUIRE(f.compare(0, 6, "\x93NUMPY") == 0);
   const size_t start = f[6] == 1 ? 10 : 12;
@@ -279,20 +238,20 @@ TEST_CASE("clisweep: run's bad flag values exit 2 naming them and create or touc
       {{"--check=1"}, {"--check", "takes no value"}},
   };
   for (const auto& [flags, needles] : bad) expect_usage(with(base, flags), needles);
-  CHECK_FALSE(exists(out));
-  CHECK_FALSE(exists(lse));
+  CHECK_FALSE(file_exists(out));
+  CHECK_FALSE(file_exists(lse));
   // A bad value is reported as itself even when required flags are also missing: the user
   // learns about the flag they did type.
   expect_usage({"run", "--threads", "abc"}, {"--threads", "'abc'"});
   expect_usage({"run", "--out", out, "--backend", "tpu"}, {"--backend", "'tpu'"});
   expect_usage({"run", "--q", in.q, "--k", in.k, "--v", in.v}, {"--out"});
-  CHECK_FALSE(exists(out));
+  CHECK_FALSE(file_exists(out));
   // An existing output survives every usage error byte for byte.
   spit(out, "previous output");
   spit(lse, "previous lse");
   for (const auto& [flags, needles] : bad) expect_usage(with(base, flags), needles);
-  CHECK(slurp(out) == "previous output");
-  CHECK(slurp(lse) == "previous lse");
+  CHECK(read_file(out) == "previous output");
+  CHECK(read_file(lse) == "previous lse");
 }
 
 TEST_CASE("clisweep: plan --json: the documented keys with sane types; one --hw an object", "[clisweep]") {
@@ -551,7 +510,7 @@ TEST_CASE("clisweep: run f32 and f16 write out in q's dtype and lse (B, H, S) in
 TEST_CASE("clisweep: run reads .npy format versions 2 and 3", "[clisweep]") {
   Scratch dir;
   const Inputs in = write_inputs(dir);
-  const std::string q1 = slurp(in.q);
+  const std::string q1 = read_file(in.q);
   write_npy(dir / "q2.npy", "<f4", {2, 5, 4, 8}, f32_bytes(randoms(2 * 5 * 4 * 8, 1)), 2);
   write_npy(dir / "q3.npy", "<f4", {2, 5, 4, 8}, f32_bytes(randoms(2 * 5 * 4 * 8, 1)), 3);
   REQUIRE(cli({"run", "--q", in.q, "--k", in.k, "--v", in.v, "--out", dir / "o1.npy"}).code == 0);
@@ -576,7 +535,7 @@ TEST_CASE("clisweep: malformed .npy inputs exit 2 naming the file; no output app
   write_npy(dir / "truncated.npy", "<f4", {2, 5, 4, 8}, qdata.substr(0, qdata.size() - 1));
   write_npy(dir / "float64.npy", "<f8", {2, 5, 4, 4}, qdata);
   write_npy(dir / "int32.npy", "<i4", {2, 5, 4, 8}, qdata);
-  spit(dir / "header_only.npy", slurp(in.q).substr(0, 20));
+  spit(dir / "header_only.npy", read_file(in.q).substr(0, 20));
   spit(dir / "empty.npy", "");
   write_npy(dir / "q_seq_wrong_k.npy", "<f4", {2, 7, 2, 4}, qdata.substr(0, 2 * 7 * 2 * 4 * 4));
   write_npy(dir / "v_batch3.npy", "<f4", {3, 7, 2, 8}, f32_bytes(randoms(3 * 7 * 2 * 8, 9)));
@@ -593,8 +552,8 @@ TEST_CASE("clisweep: malformed .npy inputs exit 2 naming the file; no output app
   expect_usage(run(dir / "five_d.npy", in.k, in.v), {"(2, 5, 4, 8, 1)"});
   expect_usage(run(in.q, dir / "q_seq_wrong_k.npy", in.v), {"--k", "q_seq_wrong_k.npy"});
   expect_usage(run(in.q, in.k, dir / "v_batch3.npy"), {"--v", "v_batch3.npy", "3"});
-  CHECK_FALSE(exists(out));
-  CHECK_FALSE(exists(lse));
+  CHECK_FALSE(file_exists(out));
+  CHECK_FALSE(file_exists(lse));
 }
 
 TEST_CASE("clisweep: run --backend cuda on a build or host without CUDA exits 3 and creates nothing", "[clisweep]") {
@@ -611,8 +570,8 @@ TEST_CASE("clisweep: run --backend cuda on a build or host without CUDA exits 3 
   CHECK(r.out.empty());
   CHECK(one_line(r.err));
   CHECK(r.err.find("cuda") != std::string::npos);
-  CHECK_FALSE(exists(dir / "o.npy"));
-  CHECK_FALSE(exists(dir / "l.npy"));
+  CHECK_FALSE(file_exists(dir / "o.npy"));
+  CHECK_FALSE(file_exists(dir / "l.npy"));
 }
 
 TEST_CASE("clisweep: demo without flags prints plan, outline, traffic, time, GFLOP/s and the check", "[clisweep]") {

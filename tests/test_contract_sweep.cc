@@ -32,6 +32,7 @@
 #include "ioattn/ioattn.h"
 #include "ioattn/ioattn.hpp"
 #include "tests/catch.h"
+#include "tests/contract_cli.h"
 
 namespace {
 
@@ -1819,69 +1820,12 @@ TEST_CASE("sweep: without a usable CUDA device, varlen and KV-cache calls on CUD
 
 namespace {
 
-struct CliResult {
-  int code = -1;
-  std::string out, err;
-};
+using ioattn::contract::CliResult;
+using ioattn::contract::file_exists;
+using ioattn::contract::read_file;
+using ioattn::contract::Scratch;
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-bool file_exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
-}
-
-class Scratch {
- public:
-  Scratch() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string templ = std::string(tmp ? tmp : "/tmp") + "/ioattn_sweep_XXXXXX";
-    REQUIRE(::mkdtemp(templ.data()) != nullptr);
-    dir_ = templ;
-  }
-  ~Scratch() {
-    const std::string cmd = "rm -rf '" + dir_ + "'";
-    if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir_.c_str());
-  }
-  std::string operator/(const std::string& name) const { return dir_ + "/" + name; }
-  std::string name() const { return dir_.substr(dir_.rfind('/') + 1); }
-  // Names in the directory, sorted.
-  std::vector<std::string> listing() const {
-    const std::string list = dir_ + ".list";
-    const std::string cmd = "ls -A '" + dir_ + "' > '" + list + "'";
-    std::vector<std::string> names;
-    if (std::system(cmd.c_str()) != 0) return names;
-    std::istringstream in(read_file(list));
-    for (std::string n; std::getline(in, n);) names.push_back(n);
-    std::remove(list.c_str());
-    return names;
-  }
-
- private:
-  std::string dir_;
-};
-
-CliResult cli(const Scratch& dir, const std::vector<std::string>& args) {
-  const char* exe = std::getenv("IOATTN_CLI");
-  REQUIRE(exe != nullptr);
-  std::string cmd = std::string("'") + exe + "'";
-  for (const std::string& a : args) cmd += " '" + a + "'";
-  const std::string out = dir / ".stdout", err = dir / ".stderr";
-  cmd += " > '" + out + "' 2> '" + err + "'";
-  const int status = std::system(cmd.c_str());
-  CliResult r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = read_file(out);
-  r.err = read_file(err);
-  std::remove(out.c_str());
-  std::remove(err.c_str());
-  return r;
-}
+CliResult cli(const Scratch& dir, const std::vector<std::string>& args) { return ioattn::contract::run_cli(dir, args); }
 
 // NumPy's .npy v1.0: magic, header length, a dict padded with spaces to 64 bytes, then data.
 void write_npy(const std::string& path, const char* descr, const std::vector<int64_t>& shape, const void* data,

@@ -1,0 +1,89 @@
+// Shared by the outsider sweeps (test_contract_sweep.cc, test_contract_cli.cc): run the ioattn
+// binary named by IOATTN_CLI and look at what it left in a scratch directory. Only the C++
+// standard library and POSIX, so the sweeps stay independent of the project's own test helpers.
+#pragma once
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/catch.h"
+
+namespace ioattn::contract {
+
+struct CliResult {
+  int code = -1;
+  std::string out, err;
+};
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+inline bool file_exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// A fresh directory under TMPDIR, removed with its contents at scope exit.
+class Scratch {
+ public:
+  Scratch() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = std::string(tmp ? tmp : "/tmp") + "/ioattn_contract_XXXXXX";
+    REQUIRE(::mkdtemp(templ.data()) != nullptr);
+    dir_ = templ;
+  }
+  ~Scratch() {
+    const std::string cmd = "rm -rf '" + dir_ + "'";
+    if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir_.c_str());
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  std::string operator/(const std::string& name) const { return dir_ + "/" + name; }
+  std::string name() const { return dir_.substr(dir_.rfind('/') + 1); }
+  // Names in the directory, sorted.
+  std::vector<std::string> listing() const {
+    const std::string list = dir_ + ".list";
+    const std::string cmd = "ls -A '" + dir_ + "' > '" + list + "'";
+    std::vector<std::string> names;
+    if (std::system(cmd.c_str()) != 0) return names;
+    std::istringstream in(read_file(list));
+    for (std::string n; std::getline(in, n);) names.push_back(n);
+    std::remove(list.c_str());
+    return names;
+  }
+
+ private:
+  std::string dir_;
+};
+
+// Runs `ioattn args...` with stdout and stderr captured into `capture` (removed again after
+// reading, so a test can list that directory for files a failure should not have created).
+inline CliResult run_cli(const Scratch& capture, const std::vector<std::string>& args) {
+  const char* exe = std::getenv("IOATTN_CLI");
+  REQUIRE(exe != nullptr);
+  std::string cmd = std::string("'") + exe + "'";
+  for (const std::string& a : args) cmd += " '" + a + "'";
+  const std::string out = capture / ".stdout", err = capture / ".stderr";
+  cmd += " > '" + out + "' 2> '" + err + "'";
+  const int status = std::system(cmd.c_str());
+  CliResult r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = read_file(out);
+  r.err = read_file(err);
+  std::remove(out.c_str());
+  std::remove(err.c_str());
+  return r;
+}
+
+}  // namespace ioattn::contract
