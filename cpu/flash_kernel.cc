@@ -374,7 +374,6 @@ Geometry MakeGeometry(const AttnParams& p, const Plan& plan, bool head_mode, int
   return g;
 }
 
-
 // hk: which kv head's copy of the per-head regions (decode mode; 0 otherwise).
 Scratch CarveScratch(const Geometry& g, unsigned char* base, int64_t hk = 0) {
   auto at = [&](Region r) { return base + g.off[r] + size_t(hk) * g.head_bytes[r]; };
@@ -1039,12 +1038,6 @@ void DecodePvRange(const Geometry& g, int R, int64_t r0, int64_t a, int64_t e, c
       for (int64_t j = a; j < e; ++j)
         o[r * g.Dvp + col] += p[r * kDecodeStride + j] * load_as_f32(w.vrows[j], col, kDTypeOf<T>);
 }
-
-
-
-
-
-
 
 // One decode task: keys [kb, ke) of sequence b (its split's whole key range) for ALL kv heads,
 // in softmax blocks of kDecodeKeys positions from kb, head by head within a block. State per

@@ -421,7 +421,6 @@ inline ioattn_status run(const Request& r, uint8_t* arena, int32_t num_threads) 
   return IOATTN_ERROR_BACKEND;
 }
 
-
 // Visible keys of query row i under API.md's rule, written from the contract text rather than
 // taken from common/masking.h, so the harness does not share a bug with the kernels.
 inline int64_t visible_count(const ioattn_options& o, int64_t i, int64_t sq, int64_t sk) {
