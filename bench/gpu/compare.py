@@ -8,42 +8,14 @@ layout, with fresh random inputs. FLOPs: 4 * B * H * S^2 * D, halved when causal
 
 usage: compare.py --ours ioattn.jsonl [--json peers.json] [--max-seqlen 16384]
 """
-import argparse
-import json
-
 import torch
-import torch.nn.functional as F
-import triton.testing
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
-
-
-def time_peer(backend, q, k, v, causal):
-    def run():
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-    try:
-        return triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
-    except RuntimeError as err:  # backend unavailable for this shape
-        print(f"# {backend}: {err}".splitlines()[0])
-        return None
+from sdpa_common import PEERS, fmt, load_ours, parse_args, print_device, ratio, save_rows, time_peer
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ours", required=True)
-    ap.add_argument("--json")
-    ap.add_argument("--max-seqlen", type=int, default=16384)
-    args = ap.parse_args()
-
-    ours = {}
-    with open(args.ours) as f:
-        for line in f:
-            if line.startswith("{"):
-                r = json.loads(line)
-                ours[(r["head_dim"], r["causal"], r["seqlen"])] = r
+    args = parse_args(max_seqlen=16384)
+    ours = load_ours(args.ours, lambda r: (r["head_dim"], r["causal"], r["seqlen"]))
 
     torch.manual_seed(0)
     rows = []
@@ -56,7 +28,7 @@ def main():
                 flops = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
                 row = {"head_dim": d, "causal": causal, "seqlen": s}
                 for name, backend in PEERS.items():
-                    ms = time_peer(backend, q, k, v, causal)
+                    ms = time_peer(backend, q, k, v, rep=100, is_causal=causal)
                     row[name + "_tflops"] = flops / ms * 1e-9 if ms else None
                 mine = ours.get((d, causal, s))
                 row["ioattn_tflops"] = mine["tflops"] if mine else None
@@ -65,22 +37,14 @@ def main():
                 del q, k, v
                 s *= 2
 
-    def fmt(x):
-        return "-" if x is None else f"{x:.0f}"
-
-    def ratio(a, b):
-        return "-" if a is None or b is None else f"{a / b:.2f}"
-
-    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}")
+    print_device()
     print("| D | causal | S | ioattn TFLOP/s | FA2 (SDPA flash) | cuDNN (SDPA) | vs flash | vs cuDNN | check |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['head_dim']} | {int(r['causal'])} | {r['seqlen']} | {fmt(r['ioattn_tflops'])} | "
-              f"{fmt(r['flash_tflops'])} | {fmt(r['cudnn_tflops'])} | {ratio(r['ioattn_tflops'], r['flash_tflops'])} | "
+        print(f"| {r['head_dim']} | {int(r['causal'])} | {r['seqlen']} | {fmt(r['ioattn_tflops'], '.0f')} | "
+              f"{fmt(r['flash_tflops'], '.0f')} | {fmt(r['cudnn_tflops'], '.0f')} | {ratio(r['ioattn_tflops'], r['flash_tflops'])} | "
               f"{ratio(r['ioattn_tflops'], r['cudnn_tflops'])} | {r['ioattn_check']} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    save_rows(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -11,44 +11,18 @@ Hq / Hkv times (the table marks such rows "expanded").
 
 usage: compare_decode.py --ours decode.jsonl [--json peers.json] [--max-seqlen 131072]
 """
-import argparse
-import json
-
 import torch
-import torch.nn.functional as F
-import triton.testing
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+from sdpa_common import PEERS, fmt, load_ours, parse_args, print_device, ratio, save_rows, time_peer
 
 
-def time_peer(backend, q, k, v, gqa):
-    def run():
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
-
-    try:
-        run()
-        torch.cuda.synchronize()
-        return triton.testing.do_bench(run, warmup=25, rep=200, return_mode="median")
-    except RuntimeError as err:
-        print(f"# {backend} gqa={gqa}: {str(err).splitlines()[0]}")
-        return None
+def time_decode_peer(backend, q, k, v, gqa):
+    return time_peer(backend, q, k, v, rep=200, warm_first=True, note=f" gqa={gqa}", enable_gqa=gqa)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ours", required=True)
-    ap.add_argument("--json")
-    ap.add_argument("--max-seqlen", type=int, default=131072)
-    args = ap.parse_args()
-
-    ours = {}
-    with open(args.ours) as f:
-        for line in f:
-            if line.startswith("{"):
-                r = json.loads(line)
-                ours[(r["heads_kv"], r["seqlen_k"])] = r
+    args = parse_args(max_seqlen=131072)
+    ours = load_ours(args.ours, lambda r: (r["heads_kv"], r["seqlen_k"]))
 
     torch.manual_seed(0)
     b, hq, d = 8, 32, 128
@@ -61,12 +35,12 @@ def main():
             k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
             row = {"heads_kv": hkv, "seqlen_k": sk}
             for name, backend in PEERS.items():
-                ms = time_peer(backend, q, k, v, hkv != hq)
+                ms = time_decode_peer(backend, q, k, v, hkv != hq)
                 expanded = False
                 if ms is None and hkv != hq:
                     g = hq // hkv
                     ke, ve = (x.repeat_interleave(g, dim=1) for x in (k, v))
-                    ms = time_peer(backend, q, ke, ve, False)
+                    ms = time_decode_peer(backend, q, ke, ve, False)
                     expanded = ms is not None
                     del ke, ve
                 row[name + "_tbps"] = kv_bytes / ms * 1e-9 if ms else None
@@ -79,13 +53,7 @@ def main():
             torch.cuda.empty_cache()
             sk *= 2
 
-    def fmt(x, spec=".2f"):
-        return "-" if x is None else format(x, spec)
-
-    def ratio(a, b):
-        return "-" if a is None or b is None else f"{a / b:.2f}"
-
-    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}")
+    print_device()
     print("| Hkv | Sk | splits | ioattn TB/s (kernels) | ioattn TB/s (API call) | FA2 (SDPA flash) | cuDNN (SDPA) "
           "| vs FA2 | vs cuDNN | model/counted bytes | check |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -96,9 +64,7 @@ def main():
         print(f"| {r['heads_kv']} | {r['seqlen_k']} | {fmt(r['ioattn_kv_splits'], 'd')} | {fmt(r['ioattn_tbps'])} | "
               f"{fmt(r['ioattn_api_tbps'])} | {fl} | {cu} | {ratio(r['ioattn_tbps'], r['flash_tbps'])} | "
               f"{ratio(r['ioattn_tbps'], r['cudnn_tbps'])} | {model} | {r['ioattn_check']} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    save_rows(args.json, rows)
 
 
 if __name__ == "__main__":
