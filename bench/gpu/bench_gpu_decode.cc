@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpu/bench_gpu_common.h"
 #include "common/dtype.h"
 #include "common/hardware.h"
 #include "common/params.h"
@@ -29,20 +30,8 @@
 
 namespace {
 
-bool check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return true;
-  std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
-  return false;
-}
-
-// A 64-bit LCG: never zeros (DEVICE.md: zeros run faster and hide unwritten outputs).
-struct Lcg {
-  uint64_t state;
-  float next() {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    return float(int32_t(state >> 32)) * (1.f / 2147483648.f);
-  }
-};
+using ioattn::gpu_bench::check;
+using ioattn::gpu_bench::Lcg;
 
 // 64 MiB of random bf16 on the device, from which caches are filled by device copies at offsets
 // that change per tensor and configuration: filling 17 GB from the host would take longer than
@@ -68,7 +57,6 @@ struct Shape {
 double check_rows(const Shape& s, const uint16_t* dk, const uint16_t* dv, const std::vector<uint16_t>& q,
                   const std::vector<uint16_t>& out) {
   double worst = 0;
-  const double scale = 1.0 / std::sqrt(double(s.d));
   std::vector<uint16_t> kr(size_t(s.sk * s.d)), vr(kr.size());
   for (const int64_t b : {int64_t(0), s.batch - 1})
     for (const int64_t h : {int64_t(0), s.hq - 1}) {
@@ -81,26 +69,9 @@ double check_rows(const Shape& s, const uint16_t* dk, const uint16_t* dv, const 
                               cudaMemcpyDeviceToHost),
                  "download V"))
         return INFINITY;
-      const uint16_t* qr = q.data() + (b * s.hq + h) * s.d;
-      std::vector<double> sc(size_t(s.sk));
-      double mx = -INFINITY;
-      for (int64_t j = 0; j < s.sk; ++j) {
-        double dot = 0;
-        for (int64_t c = 0; c < s.d; ++c)
-          dot += double(ioattn::bf16_to_f32(qr[c])) * ioattn::bf16_to_f32(kr[size_t(j * s.d + c)]);
-        sc[size_t(j)] = dot * scale;
-        mx = std::max(mx, sc[size_t(j)]);
-      }
-      double sum = 0;
-      std::vector<double> acc(size_t(s.d), 0.0);
-      for (int64_t j = 0; j < s.sk; ++j) {
-        const double w = std::exp(sc[size_t(j)] - mx);
-        sum += w;
-        for (int64_t c = 0; c < s.d; ++c) acc[size_t(c)] += w * ioattn::bf16_to_f32(vr[size_t(j * s.d + c)]);
-      }
-      for (int64_t c = 0; c < s.d; ++c)
-        worst = std::max(worst,
-                         std::fabs(acc[size_t(c)] / sum - ioattn::bf16_to_f32(out[size_t((b * s.hq + h) * s.d + c)])));
+      const size_t row = size_t((b * s.hq + h) * s.d);
+      worst = std::max(
+          worst, ioattn::gpu_bench::row_error(q.data() + row, kr.data(), vr.data(), s.d, s.sk, s.d, out.data() + row));
     }
   return worst;
 }

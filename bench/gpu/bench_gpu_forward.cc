@@ -15,26 +15,15 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpu/bench_gpu_common.h"
 #include "common/dtype.h"
 #include "common/params.h"
 #include "gpu/gpu_backend.h"
 
 namespace {
 
-bool check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return true;
-  std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
-  return false;
-}
-
-// A 64-bit LCG: fast enough for 10^8 values and never zeros (DEVICE.md: zeros run faster).
-struct Lcg {
-  uint64_t state;
-  float next() {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    return float(int32_t(state >> 32)) * (1.f / 2147483648.f);
-  }
-};
+using ioattn::gpu_bench::check;
+using ioattn::gpu_bench::Lcg;
 
 // Max |out - ref| over a few rows of (b = 0, h = 0), with ref recomputed in double from the same
 // bf16 inputs (dense (B, S, H, D) layout).
@@ -42,27 +31,10 @@ double check_rows(const std::vector<uint16_t>& q, const std::vector<uint16_t>& k
                   const std::vector<uint16_t>& out, int64_t s, int64_t h, int64_t d, bool causal) {
   double worst = 0;
   const int64_t rows[] = {0, 1, s / 2, s - 1};
-  const double scale = 1.0 / std::sqrt(double(d));
   for (const int64_t i : rows) {
-    const int64_t end = causal ? i + 1 : s;
-    std::vector<double> sc(static_cast<size_t>(end));
-    double mx = -INFINITY;
-    for (int64_t j = 0; j < end; ++j) {
-      double dot = 0;
-      for (int64_t c = 0; c < d; ++c)
-        dot += double(ioattn::bf16_to_f32(q[size_t(i * h * d + c)])) * ioattn::bf16_to_f32(k[size_t(j * h * d + c)]);
-      sc[size_t(j)] = dot * scale;
-      mx = std::max(mx, sc[size_t(j)]);
-    }
-    double sum = 0;
-    std::vector<double> acc(size_t(d), 0.0);
-    for (int64_t j = 0; j < end; ++j) {
-      const double w = std::exp(sc[size_t(j)] - mx);
-      sum += w;
-      for (int64_t c = 0; c < d; ++c) acc[size_t(c)] += w * ioattn::bf16_to_f32(v[size_t(j * h * d + c)]);
-    }
-    for (int64_t c = 0; c < d; ++c)
-      worst = std::max(worst, std::fabs(acc[size_t(c)] / sum - ioattn::bf16_to_f32(out[size_t(i * h * d + c)])));
+    const size_t at = size_t(i * h * d);
+    worst = std::max(worst, ioattn::gpu_bench::row_error(q.data() + at, k.data(), v.data(), h * d, causal ? i + 1 : s,
+                                                         d, out.data() + at));
   }
   return worst;
 }
