@@ -23,6 +23,21 @@ std::string samples_dir() {
   return std::string(src ? src : ".") + "/bench/traffic/samples";
 }
 
+// The recorded GPU samples that load reads from samples_dir()/gpu (at least at_least of them),
+// with the h200-sxm profile they were measured on.
+struct GpuSamples {
+  std::vector<GpuPoint> points;
+  HardwareProfile h200;
+};
+GpuSamples gpu_samples(bool (*load)(const std::string&, std::vector<GpuPoint>*, std::string*), size_t at_least) {
+  GpuSamples s;
+  std::string error;
+  REQUIRE(load(samples_dir() + "/gpu", &s.points, &error));
+  REQUIRE(s.points.size() >= at_least);
+  REQUIRE(find_profile("h200-sxm", &s.h200, &error));
+  return s;
+}
+
 // (point name, boundary) pairs where the model is known to miss the bar: see docs/traffic.md,
 // "Where the model misses". None at present, on the samples recorded with the planner's current
 // plans (issue 6's fourth round: head and tile mode past L1 decided window by window, set by set).
@@ -157,12 +172,7 @@ TEST_CASE("ncu counts (sectors, requests) are kept per metric for the L2 split",
 TEST_CASE("the recorded L2 split: its sources cover lts__t_sectors, and the CUDA kernel's lookups are "
           "the SMs' own",
           "[traffic_measured]") {
-  std::vector<GpuPoint> points;
-  std::string error;
-  REQUIRE(load_split_points(samples_dir() + "/gpu", &points, &error));
-  REQUIRE(points.size() >= 10);
-  HardwareProfile h200;
-  REQUIRE(find_profile("h200-sxm", &h200, &error));
+  const auto [points, h200] = gpu_samples(load_split_points, 10);
   for (const GpuPoint& g : points) {
     L2Split m;
     INFO(g.file);
@@ -195,12 +205,7 @@ TEST_CASE("the model is within 15% of the recorded CPU cachegrind samples", "[tr
 }
 
 TEST_CASE("the model is within 15% of the recorded GPU Nsight Compute samples", "[traffic_measured]") {
-  std::vector<GpuPoint> points;
-  std::string error;
-  REQUIRE(load_gpu_points(samples_dir() + "/gpu", &points, &error));
-  REQUIRE(points.size() >= 6);
-  HardwareProfile h200;
-  REQUIRE(find_profile("h200-sxm", &h200, &error));
+  const auto [points, h200] = gpu_samples(load_gpu_points, 6);
   int lookups = 0;
   for (const GpuPoint& g : points) {
     for (const Comparison& c : compare_gpu(g, predict_for_point(g, h200))) {
@@ -213,12 +218,7 @@ TEST_CASE("the model is within 15% of the recorded GPU Nsight Compute samples", 
 }
 
 TEST_CASE("the model is within 15% of the recorded L2 split, in total and by source", "[traffic_measured]") {
-  std::vector<GpuPoint> points;
-  std::string error;
-  REQUIRE(load_split_points(samples_dir() + "/gpu", &points, &error));
-  REQUIRE(points.size() >= 10);
-  HardwareProfile h200;
-  REQUIRE(find_profile("h200-sxm", &h200, &error));
+  const auto [points, h200] = gpu_samples(load_split_points, 10);
   int by_source = 0;
   for (const GpuPoint& g : points) {
     const PointPrediction pp = predict_for_point(g, h200);
