@@ -9,6 +9,7 @@
 #include "common/reference.h"
 #include "cpu/cpu_backend.h"
 #include "hwy/targets.h"
+#include "tests/catch.h"
 
 namespace ioattn::test {
 
@@ -322,6 +323,13 @@ SequenceOracle reference_sequence(const std::vector<float>& q, const std::vector
   naive_attention<double>(p, o.out64.data(), o.lse64.data());
   naive_attention<float>(p, o.out32.data(), o.lse32.data());
   return o;
+}
+
+HardwareProfile profile(const std::string& name) {
+  HardwareProfile hw;
+  std::string error;
+  REQUIRE(find_profile(name, &hw, &error));
+  return hw;
 }
 
 }  // namespace ioattn::test

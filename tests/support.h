@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/hardware.h"
 #include "common/params.h"
 #include "common/status.h"
 #include "ioattn/ioattn.h"
@@ -169,5 +170,9 @@ AttnParams dense_params(const void* q, const void* k, const void* v, DType t, in
 SequenceOracle reference_sequence(const std::vector<float>& q, const std::vector<float>& k,
                                   const std::vector<float>& v, int64_t sq, int64_t sk, int64_t hq, int64_t hkv,
                                   int64_t d, const SequenceMask& mask);
+
+// A built-in hardware profile by name, REQUIREd to exist (the model tests: outline, planner,
+// traffic).
+HardwareProfile profile(const std::string& name);
 
 }  // namespace ioattn::test

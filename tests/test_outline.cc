@@ -4,17 +4,12 @@
 
 #include "common/outline.h"
 #include "tests/catch.h"
+#include "tests/support.h"
 
 using namespace ioattn;
+using ioattn::test::profile;
 
 namespace {
-
-HardwareProfile profile(const std::string& name) {
-  HardwareProfile hw;
-  std::string error;
-  REQUIRE(find_profile(name, &hw, &error));
-  return hw;
-}
 
 Problem make(int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d, DType t) {
   Problem p;

@@ -5,17 +5,12 @@
 #include "common/planner.h"
 #include "common/traffic.h"
 #include "tests/catch.h"
+#include "tests/support.h"
 
 using namespace ioattn;
+using ioattn::test::profile;
 
 namespace {
-
-HardwareProfile profile(const std::string& name) {
-  HardwareProfile hw;
-  std::string error;
-  REQUIRE(find_profile(name, &hw, &error));
-  return hw;
-}
 
 Problem make(int64_t heads, int64_t s, int64_t d, DType t = DType::f32, bool causal = false) {
   Problem p;
