@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/outline.h"
 #include "common/planner.h"
@@ -55,6 +57,22 @@ bool parse_model_command(ModelCommand& c, int argc, char** argv, const std::stri
   return true;
 }
 
+// One entry per --hw, in order: entry(plan, hw) gives that profile's JSON value and text, from the
+// problem's checked plan there. --json prints the values (a list even for one where always_list),
+// else the texts.
+template <class Entry>
+int print_per_profile(const ModelCommand& c, bool always_list, Entry entry) {
+  std::vector<json> items;
+  std::string text;
+  for (const HardwareProfile& hw : c.request.hardware) {
+    auto [j, t] = entry(checked_plan(c.request.problem, hw), hw);
+    items.push_back(std::move(j));
+    text += t;
+  }
+  std::cout << (c.json_output ? dump(always_list ? json(items) : one_or_list(items)) + "\n" : text);
+  return kExitOk;
+}
+
 }  // namespace
 
 int cmd_plan(int argc, char** argv) {
@@ -69,17 +87,11 @@ int cmd_plan(int argc, char** argv) {
     return kExitOk;
   }
   const Problem& pr = c.request.problem;
-  std::vector<json> items;
-  std::string text;
-  for (const HardwareProfile& hw : c.request.hardware) {
-    const Plan plan = checked_plan(pr, hw);
+  return print_per_profile(c, false, [&](const Plan& plan, const HardwareProfile& hw) {
     json j = plan_json(plan);
     j["problem"] = problem_json(pr);
-    items.push_back(std::move(j));
-    text += "problem         " + describe(pr) + "\n" + plan_text(plan, hw) + "\n";
-  }
-  std::cout << (c.json_output ? dump(one_or_list(items)) + "\n" : text);
-  return kExitOk;
+    return std::pair(std::move(j), "problem         " + describe(pr) + "\n" + plan_text(plan, hw) + "\n");
+  });
 }
 
 int cmd_traffic(int argc, char** argv) {
@@ -94,19 +106,13 @@ int cmd_traffic(int argc, char** argv) {
     return kExitOk;
   }
   const Problem& pr = c.request.problem;
-  json list = json::array();
-  std::string text;
-  for (const HardwareProfile& hw : c.request.hardware) {
-    const Plan plan = checked_plan(pr, hw);
+  return print_per_profile(c, true, [&](const Plan& plan, const HardwareProfile& hw) {
     const TrafficReport t = predict_traffic(pr, plan, hw);
     json j = traffic_json(t);
     j["problem"] = problem_json(pr);
-    list.push_back(std::move(j));
-    text += t.hardware + ": " + describe(pr) + " (block_q " + std::to_string(plan.block_q) + ", block_kv " +
-            std::to_string(plan.block_kv) + ")\n" + traffic_text(t) + "\n";
-  }
-  std::cout << (c.json_output ? dump(list) + "\n" : text);
-  return kExitOk;
+    return std::pair(std::move(j), t.hardware + ": " + describe(pr) + " (block_q " + std::to_string(plan.block_q) +
+                                       ", block_kv " + std::to_string(plan.block_kv) + ")\n" + traffic_text(t) + "\n");
+  });
 }
 
 int cmd_explain(int argc, char** argv) {
@@ -120,16 +126,10 @@ int cmd_explain(int argc, char** argv) {
     return kExitOk;
   }
   const Problem& pr = c.request.problem;
-  std::vector<json> items;
-  std::string text;
-  for (const HardwareProfile& hw : c.request.hardware) {
-    const Plan plan = checked_plan(pr, hw);
+  return print_per_profile(c, false, [&](const Plan& plan, const HardwareProfile& hw) {
     const DesignOutline o = designOutline(pr, plan, hw);
-    items.push_back(outline_json(o));
-    text += hw.name + ": " + describe(pr) + "\n" + outline_text(o) + "\n";
-  }
-  std::cout << (c.json_output ? dump(one_or_list(items)) + "\n" : text);
-  return kExitOk;
+    return std::pair(outline_json(o), hw.name + ": " + describe(pr) + "\n" + outline_text(o) + "\n");
+  });
 }
 
 int cmd_hw(int argc, char** argv) {
