@@ -32,6 +32,16 @@ std::string pct(double e) {
   return buf;
 }
 
+// A markdown table's header row and its separator, which then always has one cell per column.
+void print_table_head(const std::vector<std::string>& columns) {
+  std::string head = "|", rule = "|";
+  for (const std::string& c : columns) {
+    head += " " + c + " |";
+    rule += "---|";
+  }
+  std::printf("%s\n%s\n", head.c_str(), rule.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -61,8 +71,8 @@ int main(int argc, char** argv) {
   std::printf("## CPU: cachegrind (D1 %lld KiB, LL %lld KiB, 1 thread) against predict_traffic\n\n",
               cpu.empty() ? 0LL : (long long)cpu[0].l1_bytes / 1024,
               cpu.empty() ? 0LL : (long long)cpu[0].l2_bytes / 1024);
-  std::printf("| point | plan (bq x bkv) | L1d-L2 pred MB | meas MB | err | L2-beyond pred MB | meas MB | err |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
+  print_table_head(
+      {"point", "plan (bq x bkv)", "L1d-L2 pred MB", "meas MB", "err", "L2-beyond pred MB", "meas MB", "err"});
   for (const CpuPoint& p : cpu) {
     const std::vector<Comparison> c = compare_cpu(p);
     std::printf("| %s | %dx%d | %s | %s | %s | %s | %s | %s |\n", p.name.c_str(), p.plan.block_q, p.plan.block_kv,
@@ -92,10 +102,8 @@ int main(int argc, char** argv) {
     gcsv << "point,impl,seqlen,dim,causal,boundary,predicted_bytes,measured_bytes\n";
   }
   std::printf("\n## GPU: Nsight Compute on the H200 against predict_traffic --hw h200-sxm\n\n");
-  std::printf(
-      "| point | HBM read MB | HBM write MB | predicted L2-HBM MB | measured MB | err | lts__t_bytes MB | predicted "
-      "smem-L2 MB | predicted L2 lookups MB | err |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  print_table_head({"point", "HBM read MB", "HBM write MB", "predicted L2-HBM MB", "measured MB", "err",
+                    "lts__t_bytes MB", "predicted smem-L2 MB", "predicted L2 lookups MB", "err"});
   for (const GpuPoint& g : gpu) {
     const PointPrediction pp = predict_for_point(g, h200);
     const std::vector<Comparison> c = compare_gpu(g, pp);
@@ -127,11 +135,9 @@ int main(int argc, char** argv) {
         "srcunit_ltcfabric (x 32 bytes); xbar read, L1 ld: l1tex__m_xbar2l1tex_read_sectors and "
         "l1tex__t_sectors_pipe_lsu_mem_global_op_ld over requested; SM writes: srcunit_tex_op_write, "
         "global st: l1tex__t_sectors_pipe_lsu_mem_global_op_st.\n\n");
-    std::printf(
-        "| point | L2-HBM err | lts__t_bytes MB | predicted MB | err | requested MB | SMs MB | predicted | err | SM reads MB | "
-        "xbar read / req | L1 ld / req | SM writes MB | global st MB | fabric MB (read + write) | predicted | err "
-        "|\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    print_table_head({"point", "L2-HBM err", "lts__t_bytes MB", "predicted MB", "err", "requested MB", "SMs MB",
+                      "predicted", "err", "SM reads MB", "xbar read / req", "L1 ld / req", "SM writes MB",
+                      "global st MB", "fabric MB (read + write)", "predicted", "err"});
   }
   for (const GpuPoint& g : split) {
     const PointPrediction pp = predict_for_point(g, h200);
@@ -171,10 +177,8 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "\n## Predicted flash vs standard, B=1 H=16 S=4096 D=128 (CPU fp32, GPU bf16), every built-in profile\n\n");
-  std::printf(
-      "| profile | boundary | flash MB | standard MB | standard / flash | roofline flash ms | roofline standard ms "
-      "|\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+  print_table_head({"profile", "boundary", "flash MB", "standard MB", "standard / flash", "roofline flash ms",
+                    "roofline standard ms"});
   for (const HardwareProfile& hw : builtin_profiles()) {
     Problem p = pr;
     p.dtype = p.kv_dtype = hw.kind == DeviceKind::gpu ? DType::bf16 : DType::f32;
