@@ -332,4 +332,16 @@ HardwareProfile profile(const std::string& name) {
   return hw;
 }
 
+Problem make_problem(int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d, DType t, int64_t batch) {
+  Problem p;
+  p.batch = batch;
+  p.heads_q = hq;
+  p.heads_kv = hkv;
+  p.seqlen_q = sq;
+  p.seqlen_k = sk;
+  p.head_dim = p.head_dim_v = d;
+  p.dtype = p.kv_dtype = t;
+  return p;
+}
+
 }  // namespace ioattn::test

@@ -13,6 +13,7 @@
 #include "common/dtype.h"
 #include "common/hardware.h"
 #include "common/params.h"
+#include "common/problem.h"
 #include "common/status.h"
 #include "ioattn/ioattn.h"
 
@@ -174,5 +175,9 @@ SequenceOracle reference_sequence(const std::vector<float>& q, const std::vector
 // A built-in hardware profile by name, REQUIREd to exist (the model tests: outline, planner,
 // traffic).
 HardwareProfile profile(const std::string& name);
+
+// A Problem for the model tests: Hq, Hkv, Sq, Sk, D (= Dv), one dtype for q/out and k/v, batch.
+Problem make_problem(int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d, DType t = DType::f32,
+                     int64_t batch = 1);
 
 }  // namespace ioattn::test

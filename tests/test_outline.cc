@@ -7,20 +7,10 @@
 #include "tests/support.h"
 
 using namespace ioattn;
+using ioattn::test::make_problem;
 using ioattn::test::profile;
 
 namespace {
-
-Problem make(int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d, DType t) {
-  Problem p;
-  p.heads_q = hq;
-  p.heads_kv = hkv;
-  p.seqlen_q = sq;
-  p.seqlen_k = sk;
-  p.head_dim = p.head_dim_v = d;
-  p.dtype = p.kv_dtype = t;
-  return p;
-}
 
 bool has(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 
@@ -41,10 +31,10 @@ TEST_CASE("each outline field names this plan's figures") {
     const char* hw;
     Problem pr;
   } cases[] = {
-      {"zen3", make(16, 16, 4096, 4096, 128, DType::f32)},
-      {"h200-sxm", make(16, 16, 4096, 4096, 128, DType::bf16)},
-      {"spr-xeon", make(32, 8, 1, 16384, 128, DType::f16)},
-      {"rpi5", make(8, 8, 512, 512, 64, DType::f16)},
+      {"zen3", make_problem(16, 16, 4096, 4096, 128, DType::f32)},
+      {"h200-sxm", make_problem(16, 16, 4096, 4096, 128, DType::bf16)},
+      {"spr-xeon", make_problem(32, 8, 1, 16384, 128, DType::f16)},
+      {"rpi5", make_problem(8, 8, 512, 512, 64, DType::f16)},
   };
   for (const auto& c : cases) {
     const HardwareProfile hw = profile(c.hw);
@@ -90,7 +80,7 @@ TEST_CASE("each outline field names this plan's figures") {
 
 TEST_CASE("the CPU failure mode quotes the model's traffic with the target level halved") {
   const HardwareProfile zen3 = profile("zen3");
-  const Problem pr = make(16, 16, 4096, 4096, 128, DType::f32);
+  const Problem pr = make_problem(16, 16, 4096, 4096, 128, DType::f32);
   const Plan plan = plan_cpu(pr, zen3);
   HardwareProfile small = zen3;
   small.levels[1].size_bytes = plan.working_set_bytes / 2;
@@ -104,7 +94,7 @@ TEST_CASE("the CPU failure mode quotes the model's traffic with the target level
 
 TEST_CASE("an unsupported GPU shape says so in the failure mode") {
   const HardwareProfile h200 = profile("h200-sxm");
-  const Problem pr = make(16, 16, 4096, 4096, 80, DType::bf16);
+  const Problem pr = make_problem(16, 16, 4096, 4096, 80, DType::bf16);
   const DesignOutline o = designOutline(pr, plan_gpu(pr, h200), h200);
   CHECK(has(o.failureMode, "not supported"));
   CHECK(has(o.failureMode, "96"));

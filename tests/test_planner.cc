@@ -14,21 +14,10 @@
 #include "tests/support.h"
 
 using namespace ioattn;
+using ioattn::test::make_problem;
 using ioattn::test::profile;
 
 namespace {
-
-Problem make(int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d, DType t = DType::f32, int64_t batch = 1) {
-  Problem p;
-  p.batch = batch;
-  p.heads_q = hq;
-  p.heads_kv = hkv;
-  p.seqlen_q = sq;
-  p.seqlen_k = sk;
-  p.head_dim = p.head_dim_v = d;
-  p.dtype = p.kv_dtype = t;
-  return p;
-}
 
 int64_t round_up(int64_t a, int64_t m) { return (a + m - 1) / m * m; }
 
@@ -41,7 +30,7 @@ std::vector<Problem> grid() {
     for (int64_t sk : lens)
       for (int64_t d : dims)
         for (auto [hq, hkv] : heads)
-          for (DType t : {DType::f32, DType::bf16}) out.push_back(make(hq, hkv, sq, sk, d, t));
+          for (DType t : {DType::f32, DType::bf16}) out.push_back(make_problem(hq, hkv, sq, sk, d, t));
   return out;
 }
 
@@ -89,7 +78,8 @@ TEST_CASE("CPU plans fit their level, divide by the register tile and never exce
 TEST_CASE("the split and the blocks do not depend on the thread count") {
   for (const HardwareProfile& hw : builtin_profiles()) {
     if (hw.kind != DeviceKind::cpu) continue;
-    for (const Problem& pr : {make(32, 8, 1, 16384, 128, DType::f16), make(1, 1, 1, 4096, 64), make(16, 16, 4096, 4096, 128)}) {
+    for (const Problem& pr : {make_problem(32, 8, 1, 16384, 128, DType::f16), make_problem(1, 1, 1, 4096, 64),
+                              make_problem(16, 16, 4096, 4096, 128)}) {
       const Plan ref = plan_cpu(pr, hw, 1);
       for (int threads : {2, 3, 7, 64, 1000}) {
         const Plan p = plan_cpu(pr, hw, threads);
@@ -134,7 +124,7 @@ TEST_CASE("hand-checked CPU plans") {
     // Budget 0.75 * 512 KiB = 393216 B. With block_kv = 128 and Dp = 128:
     // ws = 4*(bq*128 + 128*128*2 + bq*128 + bq*128) + 8*bq = 131072 + 1544*bq <= 393216
     // -> bq <= 169.8 -> 168 (a multiple of the 6-row AVX2 tile).
-    const Plan p = plan_cpu(make(16, 16, 4096, 4096, 128), zen3);
+    const Plan p = plan_cpu(make_problem(16, 16, 4096, 4096, 128), zen3);
     CHECK(p.block_q == 168);
     CHECK(p.block_kv == 128);
     CHECK(p.working_set_bytes == 131072 + 1544 * 168);
@@ -145,7 +135,7 @@ TEST_CASE("hand-checked CPU plans") {
   SECTION("decode, GQA 32/8 heads over 16384 f16 keys on zen3") {
     // G = 4: rows per unit = 4, block_q = lcm(6, 4) = 12 covers them; with the rows exhausted
     // block_kv grows: 12*(4*256+8) + bkv*4*(256+12) <= 393216 -> bkv <= 355.3 -> 352.
-    const Plan p = plan_cpu(make(32, 8, 1, 16384, 128, DType::f16), zen3);
+    const Plan p = plan_cpu(make_problem(32, 8, 1, 16384, 128, DType::f16), zen3);
     CHECK(p.block_q == 12);
     CHECK(p.block_kv == 352);
     // Decode rows (G x Sq = 4 <= cpu_decode_max_rows) run one task per (sequence, split) over
@@ -157,14 +147,14 @@ TEST_CASE("hand-checked CPU plans") {
   SECTION("decode of one head on 56 Sapphire Rapids cores splits the keys") {
     // 1 task < 56 cores: the key axis splits, each split keeping >= 4 blocks of 96 keys
     // (the AVX-512 tile is 8 x 48): min(56, ceil(16384 / 96) / 4 = 42) = 42.
-    const Plan p = plan_cpu(make(1, 1, 1, 16384, 128), profile("spr-xeon"));
+    const Plan p = plan_cpu(make_problem(1, 1, 1, 16384, 128), profile("spr-xeon"));
     CHECK(p.block_q == 8);
     CHECK(p.block_kv == 96);
     CHECK(p.kv_splits == 42);
     CHECK(p.work_items == 42);
   }
   SECTION("few units on many cores cap block_q") {
-    const Plan p = plan_cpu(make(1, 1, 4096, 4096, 64), profile("neoverse-v2"));
+    const Plan p = plan_cpu(make_problem(1, 1, 4096, 4096, 64), profile("neoverse-v2"));
     // 1 unit, 72 cores: block_q <= round_up(4096 / 72, 6) = 60, so >= 69 tasks.
     CHECK(p.block_q <= 60);
     CHECK(p.work_items >= 69);
@@ -238,20 +228,20 @@ TEST_CASE("GPU plans take their tile from the constexpr table") {
     }
   }
   const HardwareProfile h200 = profile("h200-sxm");
-  for (int d : {64, 96, 128, 256}) CHECK(plan_gpu(make(16, 16, 4096, 4096, d, DType::bf16), h200).supported);
+  for (int d : {64, 96, 128, 256}) CHECK(plan_gpu(make_problem(16, 16, 4096, 4096, d, DType::bf16), h200).supported);
   // D = 80 is not instantiated: the plan says so and sizes for D padded to 96.
-  const Plan odd = plan_gpu(make(16, 16, 4096, 4096, 80, DType::bf16), h200);
+  const Plan odd = plan_gpu(make_problem(16, 16, 4096, 4096, 80, DType::bf16), h200);
   CHECK_FALSE(odd.supported);
   CHECK(odd.head_dim_padded == 96);
   // The table's D=256 tile needs more than an RTX 4090's 99 KiB per block.
   if (gpu_tile_smem_bytes(gpu_tile(256), 256) > profile("rtx4090").smem_per_block_bytes) {
-    CHECK_FALSE(plan_gpu(make(16, 16, 4096, 4096, 256, DType::bf16), profile("rtx4090")).supported);
+    CHECK_FALSE(plan_gpu(make_problem(16, 16, 4096, 4096, 256, DType::bf16), profile("rtx4090")).supported);
   }
 }
 
 TEST_CASE("hand-checked GPU plans: residency and flash-decoding splits") {
   const HardwareProfile h200 = profile("h200-sxm");
-  const Plan p = plan_gpu(make(16, 16, 4096, 4096, 128, DType::bf16), h200);
+  const Plan p = plan_gpu(make_problem(16, 16, 4096, 4096, 128, DType::bf16), h200);
   const GpuTile t = gpu_tile(128);
   const int64_t smem = gpu_tile_smem_bytes(t, 128);
   // Resident CTAs per SM: shared memory (228 KiB / (tile + 1 KiB reserved)) and registers
@@ -262,26 +252,26 @@ TEST_CASE("hand-checked GPU plans: residency and flash-decoding splits") {
   CHECK(p.kv_splits == 1);
   // Decode fills the resident slots of one wave: the D = 128 decode tile (106 KiB) leaves two
   // CTAs per SM, 264 slots. 8 x 32 kv heads = 256 CTAs: no split...
-  const Plan whole = plan_gpu(make(32, 32, 1, 4096, 128, DType::bf16, 8), h200);
+  const Plan whole = plan_gpu(make_problem(32, 32, 1, 4096, 128, DType::bf16, 8), h200);
   CHECK(whole.ctas_per_sm == 2);
   CHECK(whole.kv_splits == 1);
   // ...one sequence of 8 heads is 8 CTAs: the 131072 keys split floor(264 / 8) = 33 ways.
-  const Plan d = plan_gpu(make(8, 8, 1, 131072, 128, DType::bf16), h200);
+  const Plan d = plan_gpu(make_problem(8, 8, 1, 131072, 128, DType::bf16), h200);
   CHECK(d.kv_splits == 264 / 8);
   CHECK(d.work_items == 8 * d.kv_splits);
   // GQA decode packs the 4 query heads of a kv head into one CTA: 8 x 8 = 64 CTAs, split
   // floor(264 / 64) = 4 ways (the prefill count, 8 x 32 CTAs of one head each, would not split).
-  const Plan g = plan_gpu(make(32, 8, 1, 131072, 128, DType::bf16, 8), h200);
+  const Plan g = plan_gpu(make_problem(32, 8, 1, 131072, 128, DType::bf16, 8), h200);
   CHECK(g.units == 64);
   CHECK(g.rows_per_unit == 4);
   CHECK(g.block_q == kGpuDecodeMaxRows);
   CHECK(g.kv_splits == 4);
   CHECK(g.work_items == 256);
   // Short caches keep >= 4 blocks of 64 keys per split: 1000 keys = 16 blocks, 4 splits.
-  CHECK(plan_gpu(make(8, 8, 1, 1000, 128, DType::bf16), h200).kv_splits == 4);
+  CHECK(plan_gpu(make_problem(8, 8, 1, 1000, 128, DType::bf16), h200).kv_splits == 4);
   // 16 rows per kv head still decode (G = 8, Sq = 2); 17 would not fit the tile.
-  CHECK(plan_gpu(make(32, 4, 2, 4096, 128, DType::bf16), h200).block_q == kGpuDecodeMaxRows);
-  CHECK(plan_gpu(make(17, 1, 1, 4096, 128, DType::bf16), h200).block_q == gpu_tile(128).block_q);
+  CHECK(plan_gpu(make_problem(32, 4, 2, 4096, 128, DType::bf16), h200).block_q == kGpuDecodeMaxRows);
+  CHECK(plan_gpu(make_problem(17, 1, 1, 4096, 128, DType::bf16), h200).block_q == gpu_tile(128).block_q);
 }
 
 TEST_CASE("FlashAttention-1's rule Bc = ceil(M/4d), Br = min(Bc, d)") {
