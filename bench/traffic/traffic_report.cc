@@ -57,11 +57,12 @@ int main(int argc, char** argv) {
     }
   }
   std::string error;
-  std::vector<CpuPoint> cpu;
-  if (!load_cpu_points(samples + "/cpu", &cpu, &error)) {
+  const auto unreadable = [&error] {
     std::fprintf(stderr, "traffic_report: %s\n", error.c_str());
     return 2;
-  }
+  };
+  std::vector<CpuPoint> cpu;
+  if (!load_cpu_points(samples + "/cpu", &cpu, &error)) return unreadable();
   int misses = 0;
   std::ofstream csv;
   if (!csv_dir.empty()) {
@@ -87,15 +88,9 @@ int main(int argc, char** argv) {
   }
 
   std::vector<GpuPoint> gpu;
-  if (!load_gpu_points(samples + "/gpu", &gpu, &error)) {
-    std::fprintf(stderr, "traffic_report: %s\n", error.c_str());
-    return 2;
-  }
+  if (!load_gpu_points(samples + "/gpu", &gpu, &error)) return unreadable();
   HardwareProfile h200;
-  if (!find_profile("h200-sxm", &h200, &error)) {
-    std::fprintf(stderr, "traffic_report: %s\n", error.c_str());
-    return 2;
-  }
+  if (!find_profile("h200-sxm", &h200, &error)) return unreadable();
   std::ofstream gcsv;
   if (!csv_dir.empty()) {
     gcsv.open(csv_dir + "/gpu_measured.csv");
@@ -124,10 +119,7 @@ int main(int argc, char** argv) {
   // The SPLIT=1 recordings: the same points measured again with the lookups by source, held to the
   // bar on lts__t_bytes as the grid is, and shown by source against the model's split.
   std::vector<GpuPoint> split;
-  if (!load_split_points(samples + "/gpu", &split, &error)) {
-    std::fprintf(stderr, "traffic_report: %s\n", error.c_str());
-    return 2;
-  }
+  if (!load_split_points(samples + "/gpu", &split, &error)) return unreadable();
   if (!split.empty()) {
     std::printf(
         "\n## GPU: L2 lookups by source (gpu_ncu.sh SPLIT=1), against the model's split\n\n"
