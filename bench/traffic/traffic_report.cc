@@ -32,6 +32,16 @@ std::string pct(double e) {
   return buf;
 }
 
+// One of --csv-dir's files, its header row written; without --csv-dir a stream that is not open.
+std::ofstream open_csv(const std::string& dir, const std::string& name, const char* header) {
+  std::ofstream f;
+  if (!dir.empty()) {
+    f.open(dir + "/" + name);
+    f << header;
+  }
+  return f;
+}
+
 // A markdown table's header row and its separator, which then always has one cell per column.
 void print_table_head(const std::vector<std::string>& columns) {
   std::string head = "|", rule = "|";
@@ -64,11 +74,8 @@ int main(int argc, char** argv) {
   std::vector<CpuPoint> cpu;
   if (!load_cpu_points(samples + "/cpu", &cpu, &error)) return unreadable();
   int misses = 0;
-  std::ofstream csv;
-  if (!csv_dir.empty()) {
-    csv.open(csv_dir + "/cpu_measured.csv");
-    csv << "point,kernel,seqlen,dim,causal,boundary,predicted_bytes,measured_bytes\n";
-  }
+  std::ofstream csv =
+      open_csv(csv_dir, "cpu_measured.csv", "point,kernel,seqlen,dim,causal,boundary,predicted_bytes,measured_bytes\n");
   std::printf("## CPU: cachegrind (D1 %lld KiB, LL %lld KiB, 1 thread) against predict_traffic\n\n",
               cpu.empty() ? 0LL : (long long)cpu[0].l1_bytes / 1024,
               cpu.empty() ? 0LL : (long long)cpu[0].l2_bytes / 1024);
@@ -91,11 +98,8 @@ int main(int argc, char** argv) {
   if (!load_gpu_points(samples + "/gpu", &gpu, &error)) return unreadable();
   HardwareProfile h200;
   if (!find_profile("h200-sxm", &h200, &error)) return unreadable();
-  std::ofstream gcsv;
-  if (!csv_dir.empty()) {
-    gcsv.open(csv_dir + "/gpu_measured.csv");
-    gcsv << "point,impl,seqlen,dim,causal,boundary,predicted_bytes,measured_bytes\n";
-  }
+  std::ofstream gcsv =
+      open_csv(csv_dir, "gpu_measured.csv", "point,impl,seqlen,dim,causal,boundary,predicted_bytes,measured_bytes\n");
   std::printf("\n## GPU: Nsight Compute on the H200 against predict_traffic --hw h200-sxm\n\n");
   print_table_head({"point", "HBM read MB", "HBM write MB", "predicted L2-HBM MB", "measured MB", "err",
                     "lts__t_bytes MB", "predicted smem-L2 MB", "predicted L2 lookups MB", "err"});
@@ -162,11 +166,9 @@ int main(int argc, char** argv) {
   pr.heads_q = pr.heads_kv = 16;
   pr.seqlen_q = pr.seqlen_k = 4096;
   pr.head_dim = pr.head_dim_v = 128;
-  std::ofstream scsv;
-  if (!csv_dir.empty()) {
-    scsv.open(csv_dir + "/savings.csv");
-    scsv << "profile,kind,boundary,flash_bytes,standard_bytes,flash_roofline_s,standard_roofline_s\n";
-  }
+  std::ofstream scsv =
+      open_csv(csv_dir, "savings.csv",
+               "profile,kind,boundary,flash_bytes,standard_bytes,flash_roofline_s,standard_roofline_s\n");
   std::printf(
       "\n## Predicted flash vs standard, B=1 H=16 S=4096 D=128 (CPU fp32, GPU bf16), every built-in profile\n\n");
   print_table_head({"profile", "boundary", "flash MB", "standard MB", "standard / flash", "roofline flash ms",
