@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "common/dtype.h"
@@ -18,6 +19,17 @@ inline bool check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return true;
   std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
   return false;
+}
+
+// Both benchmarks' exits before any measurement: 2 for a flag they do not know, 77 (ctest's skip
+// status) where no CUDA device is visible.
+inline int unknown_flag(const std::string& flag) {
+  std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+  return 2;
+}
+inline int skipped_without_device() {
+  std::printf("SKIPPED: no CUDA device\n");
+  return 77;
 }
 
 // A 64-bit LCG: fast enough for 10^8 values and never zeros (DEVICE.md: zeros run faster and

@@ -32,6 +32,8 @@ namespace {
 
 using ioattn::gpu_bench::check;
 using ioattn::gpu_bench::Lcg;
+using ioattn::gpu_bench::skipped_without_device;
+using ioattn::gpu_bench::unknown_flag;
 
 // 64 MiB of random bf16 on the device, from which caches are filled by device copies at offsets
 // that change per tensor and configuration: filling 17 GB from the host would take longer than
@@ -114,15 +116,10 @@ int main(int argc, char** argv) {
       iters = std::max<int64_t>(1, value);
     else if (flag == "--warmup")
       warmup = std::max<int64_t>(0, value);
-    else {
-      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
-      return 2;
-    }
+    else
+      return unknown_flag(flag);
   }
-  if (!ioattn::gpu::available()) {
-    std::printf("SKIPPED: no CUDA device\n");
-    return 77;
-  }
+  if (!ioattn::gpu::available()) return skipped_without_device();
   ioattn::HardwareProfile h200;
   std::string error;
   if (!ioattn::find_profile("h200-sxm", &h200, &error)) {

@@ -24,6 +24,8 @@ namespace {
 
 using ioattn::gpu_bench::check;
 using ioattn::gpu_bench::Lcg;
+using ioattn::gpu_bench::skipped_without_device;
+using ioattn::gpu_bench::unknown_flag;
 
 // Max |out - ref| over a few rows of (b = 0, h = 0), with ref recomputed in double from the same
 // bf16 inputs (dense (B, S, H, D) layout).
@@ -53,15 +55,9 @@ int main(int argc, char** argv) {
     else if (flag == "--head-dim") only_dim = value;
     else if (flag == "--causal") only_causal = value;
     else if (flag == "--iters") iters = value;
-    else {
-      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
-      return 2;
-    }
+    else return unknown_flag(flag);
   }
-  if (!ioattn::gpu::available()) {
-    std::printf("SKIPPED: no CUDA device\n");
-    return 77;
-  }
+  if (!ioattn::gpu::available()) return skipped_without_device();
   constexpr int64_t kTokens = 16384, kHidden = 2048;
   const int64_t elements = kTokens * kHidden;
   const size_t n = static_cast<size_t>(elements);
