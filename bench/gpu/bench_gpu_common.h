@@ -42,6 +42,10 @@ struct Lcg {
   }
 };
 
+// The larger error, NaN sticky: a NaN output must fail the check, and std::max(worst, NaN)
+// returns worst.
+inline double worst_error(double worst, double err) { return std::isnan(worst) || err <= worst ? worst : err; }
+
 // Max |out[c] - ref[c]| over one query row's d outputs, ref = softmax(q . k_j / sqrt(d)) . v
 // recomputed in double from the same bf16 values, over keys j in [0, keys) whose K and V rows
 // start kv_stride elements apart.
@@ -64,7 +68,7 @@ inline double row_error(const uint16_t* q, const uint16_t* k, const uint16_t* v,
     for (int64_t c = 0; c < d; ++c) acc[size_t(c)] += w * bf16_to_f32(v[size_t(j * kv_stride + c)]);
   }
   double worst = 0;
-  for (int64_t c = 0; c < d; ++c) worst = std::max(worst, std::fabs(acc[size_t(c)] / sum - bf16_to_f32(out[c])));
+  for (int64_t c = 0; c < d; ++c) worst = worst_error(worst, std::fabs(acc[size_t(c)] / sum - bf16_to_f32(out[c])));
   return worst;
 }
 

@@ -72,7 +72,7 @@ double check_rows(const Shape& s, const uint16_t* dk, const uint16_t* dv, const 
                  "download V"))
         return INFINITY;
       const size_t row = size_t((b * s.hq + h) * s.d);
-      worst = std::max(
+      worst = ioattn::gpu_bench::worst_error(
           worst, ioattn::gpu_bench::row_error(q.data() + row, kr.data(), vr.data(), s.d, s.sk, s.d, out.data() + row));
     }
   return worst;

@@ -35,8 +35,8 @@ double check_rows(const std::vector<uint16_t>& q, const std::vector<uint16_t>& k
   const int64_t rows[] = {0, 1, s / 2, s - 1};
   for (const int64_t i : rows) {
     const size_t at = size_t(i * h * d);
-    worst = std::max(worst, ioattn::gpu_bench::row_error(q.data() + at, k.data(), v.data(), h * d, causal ? i + 1 : s,
-                                                         d, out.data() + at));
+    worst = ioattn::gpu_bench::worst_error(worst, ioattn::gpu_bench::row_error(q.data() + at, k.data(), v.data(), h * d,
+                                                                               causal ? i + 1 : s, d, out.data() + at));
   }
   return worst;
 }
