@@ -597,7 +597,12 @@ inline bool l2_split(const GpuPoint& g, L2Split* s) {
 }
 
 inline bool load_gpu_points(const std::string& dir, std::vector<GpuPoint>* out, std::string* error) {
-  for (const std::string& f : list_files(dir, ".txt")) {
+  const std::vector<std::string> files = list_files(dir, ".txt");
+  if (files.empty()) {
+    *error = "no Nsight Compute samples (*.txt) in " + dir;
+    return false;
+  }
+  for (const std::string& f : files) {
     std::string text;
     GpuPoint g;
     if (!read_text(f, &text) || !parse_gpu_sample(f, text, &g, error)) return false;
