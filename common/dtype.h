@@ -34,12 +34,14 @@ inline uint16_t f32_to_bf16(float f) {
   return uint16_t(u >> 16);
 }
 
-// GCC >= 12 and Clang implement _Float16 on x86-64 and AArch64 with IEEE round-to-nearest-even
-// conversions (F16C / FP16 instructions where present, a libgcc routine otherwise). Clang 14
-// (Debian 12's, which builds the fuzzers) lacks _Float16 on x86-64; its storage-only __fp16
-// converts with the same rounding through compiler-rt's __gnu_f2h_ieee / __gnu_h2f_ieee, so
-// such builds link with --rtlib=compiler-rt (fuzz/CMakeLists.txt does).
-#if defined(__clang__) && __clang_major__ < 15 && defined(__x86_64__)
+// GCC >= 12 and Clang implement _Float16 on x86-64 with IEEE round-to-nearest-even conversions
+// (F16C instructions where present, a libgcc routine otherwise). Clang 14 (Debian 12's, which
+// builds the fuzzers) lacks _Float16 on x86-64; its storage-only __fp16 converts with the same
+// rounding through compiler-rt's __gnu_f2h_ieee / __gnu_h2f_ieee, so such builds link with
+// --rtlib=compiler-rt (fuzz/CMakeLists.txt does). On AArch64, GCC accepts _Float16 in C++ only
+// from version 13, while __fp16 is IEEE binary16 there (the ARM alternative format is opt-in)
+// and converts with the FPCR's rounding, nearest-even by default, in one fcvt.
+#if (defined(__clang__) && __clang_major__ < 15 && defined(__x86_64__)) || defined(__aarch64__)
 using HalfStorage = __fp16;
 #else
 using HalfStorage = _Float16;

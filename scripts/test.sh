@@ -2,8 +2,8 @@
 # From nothing to a passed test suite: install dependencies, then build and test every
 # configuration CI guards: the Release build (OpenMP, CUDA compiled when nvcc is present: GPU
 # tests skip visibly without a device), the oneTBB threading backend, ASan+UBSan, ThreadSanitizer
-# and bounded fuzzing (scripts/ci_hardening.sh), and the installed package consumed by a tiny
-# CMake project.
+# and bounded fuzzing (scripts/ci_hardening.sh), the AArch64 cross build under qemu-user
+# (scripts/ci_arm.sh), and the installed package consumed by a tiny CMake project.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -34,6 +34,12 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
   ctest --test-dir build-asan --output-on-failure -j "$jobs"
 
 scripts/ci_hardening.sh
+
+# The AArch64 kernels (NEON), cross-built and run under qemu-user; an Arm host's native build above
+# already covers them.
+if [[ "$(uname -m)" == x86_64 ]]; then
+  scripts/ci_arm.sh
+fi
 
 step "installed package: find_package(ioattn CONFIG) and pkg-config"
 rm -rf build-install-prefix build-consumer

@@ -17,6 +17,14 @@
 
 namespace ioattn::contract {
 
+// IEEE binary16 for the sweeps' own f16 encoding. GCC accepts _Float16 in C++ on AArch64 only
+// from version 13; __fp16 is the same format there, converting with nearest-even rounding.
+#if defined(__aarch64__)
+using Half = __fp16;
+#else
+using Half = _Float16;
+#endif
+
 struct CliResult {
   int code = -1;
   std::string out, err;

@@ -133,7 +133,7 @@ Npy read_npy(const std::string& path) {
 }
 
 uint16_t to_f16(float x) {
-  const _Float16 h = static_cast<_Float16>(x);
+  const ioattn::contract::Half h = static_cast<ioattn::contract::Half>(x);
   uint16_t b;
   std::memcpy(&b, &h, 2);
   return b;

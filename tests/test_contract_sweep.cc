@@ -57,13 +57,13 @@ float bf16_value(uint16_t b) {
   return x;
 }
 uint16_t f16_bits(float x) {
-  const _Float16 h = static_cast<_Float16>(x);
+  const ioattn::contract::Half h = static_cast<ioattn::contract::Half>(x);
   uint16_t b;
   std::memcpy(&b, &h, 2);
   return b;
 }
 float f16_value(uint16_t b) {
-  _Float16 h;
+  ioattn::contract::Half h;
   std::memcpy(&h, &b, 2);
   return static_cast<float>(h);
 }

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# AArch64: cross-builds the library, the CLI and the CPU tests with Debian's cross compiler
+# against arm64 multiarch packages, and runs the tests under qemu-user. On AArch64 the kernels are
+# compiled for NEON only (AArch64's baseline, so Highway builds no scalar fallback there; SVE is
+# not compiled: CMakeLists.txt says why). Installs what it needs, as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+step() { printf '\n==== %s ====\n' "$*"; }
+
+step "AArch64 cross build, tests under qemu-user"
+packages=(g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libopenblas-dev:arm64 libgomp1:arm64)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "ioattn ci_arm: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  dpkg --add-architecture arm64
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# Debian's catch2 package is not multi-arch: installing catch2:arm64 would replace the host's, so
+# its files are unpacked beside the build instead.
+deps="$PWD/build-arm/deps"
+if [[ ! -f "$deps/usr/lib/cmake/Catch2/Catch2Config.cmake" ]]; then
+  mkdir -p "$deps"
+  (cd "$deps" && apt-get download catch2:arm64 && dpkg -x catch2_*_arm64.deb .)
+fi
+
+cmake -S . -B build-arm -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake \
+  -DCMAKE_PREFIX_PATH="$deps/usr" -DIOATTN_CUDA=OFF -DIOATTN_BUILD_BENCH=OFF
+# Everything whose code differs by architecture: the kernels and their dispatch, the host
+# detection, the C ABI. The two CLI suites (test_cli, test_contract_cli: argument handling and
+# files, the same code on every architecture) take 4.5 minutes under qemu and stay x86-only.
+arm_tests="test_cpu_forward test_cpu_edge test_cpu_threads test_cpu_decode test_inference_cpu test_api_validation
+           test_contract_sweep test_concurrency test_faults test_fuzz_regressions test_hardware test_npy test_outline
+           test_planner test_traffic test_traffic_measured"
+# shellcheck disable=SC2086 # one target per word
+cmake --build build-arm -j "$(nproc)" --target ioattn_cli $arm_tests
+ctest --test-dir build-arm --output-on-failure -j "$(nproc)" -R "^($(echo $arm_tests | tr ' ' '|'))\$"
+qemu-aarch64 -L / build-arm/tools/ioattn hw | grep -q "Highway target NEON" ||
+  { echo "ci_arm: the aarch64 host profile does not report the NEON target" >&2; exit 1; }
