@@ -32,15 +32,22 @@ bool read_field(const json& obj, const char* key, bool required, T* out, const s
     return !required;
   }
   bool ok;
+  const char* wanted;
   if constexpr (std::is_same_v<T, std::string>) {
     ok = it->is_string();
+    wanted = "a string";
   } else if constexpr (std::is_integral_v<T>) {
     ok = it->is_number_integer() || it->is_number_unsigned();
+    wanted = "an integer";
   } else {
     ok = it->is_number();
+    wanted = "a number";
   }
   if (!ok) {
-    *error = where + ": field '" + key + "' has the wrong type (" + it->type_name() + ")";
+    // The value as written (1e15 is a JSON number but not an integer), cut short if long.
+    std::string got = it->dump();
+    if (got.size() > 40) got = got.substr(0, 37) + "...";
+    *error = where + ": field '" + key + "' must be " + wanted + ", got " + got;
     return false;
   }
   *out = it->get<T>();
