@@ -8,18 +8,10 @@ cd "$(dirname "$0")/.."
 step() { printf '\n==== %s ====\n' "$*"; }
 
 step "AArch64 cross build, tests under qemu-user"
-packages=(g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libopenblas-dev:arm64 libgomp1:arm64)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "ioattn ci_arm: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  dpkg --add-architecture arm64
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+# No package-list refresh after adding the architecture: setup.sh refreshes before it installs
+# anything it finds missing.
+dpkg --print-foreign-architectures | grep -qx arm64 || dpkg --add-architecture arm64
+scripts/setup.sh g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libopenblas-dev:arm64 libgomp1:arm64
 # Debian's catch2 package is not multi-arch: installing catch2:arm64 would replace the host's, so
 # its files are unpacked beside the build instead.
 deps="$PWD/build-arm/deps"

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Installs what ioattn needs from Debian 12's packages (only what is missing), as root.
+# Installs what ioattn needs from Debian 12's packages (only what is missing), as root; with
+# arguments, those packages instead (scripts/ci_arm.sh's cross toolchain).
 set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config libhwy-dev libtbb-dev catch2 libbenchmark-dev
           libopenblas-dev nlohmann-json3-dev)
+if (($#)); then
+  packages=("$@")
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,8 +6,10 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -25,6 +27,18 @@ using Half = __fp16;
 using Half = _Float16;
 #endif
 
+inline uint16_t f16_bits(float x) {
+  const Half h = static_cast<Half>(x);
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+inline float f16_value(uint16_t b) {
+  Half h;
+  std::memcpy(&h, &b, 2);
+  return static_cast<float>(h);
+}
+
 struct CliResult {
   int code = -1;
   std::string out, err;
@@ -40,6 +54,35 @@ inline std::string read_file(const std::string& path) {
 inline bool file_exists(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0;
+}
+
+// A NumPy .npy file as the CLI wrote it: its dtype string, shape and raw data.
+struct Npy {
+  std::string descr;
+  std::vector<int64_t> shape;
+  std::string data;
+};
+
+// Version 1 has a 2-byte header length at offset 8, later versions 4 bytes.
+inline Npy read_npy(const std::string& path) {
+  const std::string f = read_file(path);
+  REQUIRE(f.size() >= 10);
+  REQUIRE(f.compare(0, 6, "\x93NUMPY") == 0);
+  const size_t start = f[6] == 1 ? 10 : 12;
+  size_t len = 0;
+  for (size_t i = 8; i < start; ++i) len |= size_t(uint8_t(f[i])) << (8 * (i - 8));
+  const std::string header = f.substr(start, len);
+  Npy n;
+  const size_t d = header.find("'descr'");
+  REQUIRE(d != std::string::npos);
+  const size_t q1 = header.find('\'', header.find(':', d) + 1);
+  n.descr = header.substr(q1 + 1, header.find('\'', q1 + 1) - q1 - 1);
+  const size_t open = header.find('(', header.find("'shape'")), close = header.find(')', open);
+  std::istringstream dims(header.substr(open + 1, close - open - 1));
+  for (std::string tok; std::getline(dims, tok, ',');)
+    if (tok.find_first_of("0123456789") != std::string::npos) n.shape.push_back(std::stoll(tok));
+  n.data = f.substr(start + len);
+  return n;
 }
 
 // A fresh directory under TMPDIR, removed with its contents at scope exit.

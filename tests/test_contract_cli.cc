@@ -34,8 +34,11 @@ namespace {
 using json = nlohmann::json;
 
 using ioattn::contract::CliResult;
+using ioattn::contract::f16_bits;
 using ioattn::contract::file_exists;
+using ioattn::contract::Npy;
 using ioattn::contract::read_file;
+using ioattn::contract::read_npy;
 using ioattn::contract::Scratch;
 
 void spit(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
@@ -102,41 +105,6 @@ std::vector<float> randoms(size_t n, uint32_t seed) {
   std::vector<float> x(n);
   for (float& e : x) e = u(rng);
   return x;
-}
-
-struct Npy {
-  std::string descr;
-  std::vector<int64_t> shape;
-  std::string data;
-};
-
-Npy read_npy(const std::string& path) {
-  const std::string f = read_file(path);
-  REQUIRE(f.size() >= 10);
-  REQUIRE(f.compare(0, 6, "\x93NUMPY") == 0);
-  const size_t start = f[6] == 1 ? 10 : 12;
-  size_t len = 0;
-  for (size_t i = 8; i < start; ++i) len |= size_t(uint8_t(f[i])) << (8 * (i - 8));
-  const std::string header = f.substr(start, len);
-  Npy n;
-  const size_t d = header.find("'descr'");
-  REQUIRE(d != std::string::npos);
-  const size_t q1 = header.find('\'', header.find(':', d) + 1);
-  n.descr = header.substr(q1 + 1, header.find('\'', q1 + 1) - q1 - 1);
-  const size_t open = header.find('(', header.find("'shape'")), close = header.find(')', open);
-  std::istringstream dims(header.substr(open + 1, close - open - 1));
-  for (std::string tok; std::getline(dims, tok, ',');) {
-    if (tok.find_first_of("0123456789") != std::string::npos) n.shape.push_back(std::stoll(tok));
-  }
-  n.data = f.substr(start + len);
-  return n;
-}
-
-uint16_t to_f16(float x) {
-  const ioattn::contract::Half h = static_cast<ioattn::contract::Half>(x);
-  uint16_t b;
-  std::memcpy(&b, &h, 2);
-  return b;
 }
 
 // A (2, 5, 4, 8) query against (2, 7, 2, 8) keys and values: GQA with two query heads per KV head.
@@ -458,7 +426,7 @@ TEST_CASE("clisweep: run f32 and f16 write out in q's dtype and lse (B, H, S) in
   auto half = [](const std::vector<float>& x) {
     std::string s;
     for (float e : x) {
-      const uint16_t b = to_f16(e);
+      const uint16_t b = f16_bits(e);
       s.append(reinterpret_cast<const char*>(&b), 2);
     }
     return s;

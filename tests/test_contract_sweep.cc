@@ -36,6 +36,9 @@
 
 namespace {
 
+using ioattn::contract::f16_bits;
+using ioattn::contract::f16_value;
+
 constexpr double kEps32 = 0x1p-23, kEps16 = 0x1p-10, kEpsBf16 = 0x1p-7;
 constexpr size_t kGuard = 64;
 constexpr unsigned char kGuardByte = 0x5C;
@@ -55,17 +58,6 @@ float bf16_value(uint16_t b) {
   float x;
   std::memcpy(&x, &u, 4);
   return x;
-}
-uint16_t f16_bits(float x) {
-  const ioattn::contract::Half h = static_cast<ioattn::contract::Half>(x);
-  uint16_t b;
-  std::memcpy(&b, &h, 2);
-  return b;
-}
-float f16_value(uint16_t b) {
-  ioattn::contract::Half h;
-  std::memcpy(&h, &b, 2);
-  return static_cast<float>(h);
 }
 // The value a float becomes in a storage dtype (round to nearest even).
 float rounded(int32_t t, float x) {
@@ -1822,7 +1814,9 @@ namespace {
 
 using ioattn::contract::CliResult;
 using ioattn::contract::file_exists;
+using ioattn::contract::Npy;
 using ioattn::contract::read_file;
+using ioattn::contract::read_npy;
 using ioattn::contract::Scratch;
 
 CliResult cli(const Scratch& dir, const std::vector<std::string>& args) { return ioattn::contract::run_cli(dir, args); }
@@ -1843,35 +1837,6 @@ void write_npy(const std::string& path, const char* descr, const std::vector<int
   file += dict;
   if (bytes > 0) file.append(static_cast<const char*>(data), bytes);
   std::ofstream(path, std::ios::binary) << file;
-}
-
-struct Npy {
-  std::string descr;
-  std::vector<int64_t> shape;
-  std::string data;
-};
-
-Npy read_npy(const std::string& path) {
-  const std::string f = read_file(path);
-  REQUIRE(f.size() >= 12);
-  REQUIRE(f.compare(0, 6, "\x93NUMPY") == 0);
-  const bool v1 = f[6] == 1;
-  const size_t len = v1 ? size_t(uint8_t(f[8])) | size_t(uint8_t(f[9])) << 8
-                        : size_t(uint8_t(f[8])) | size_t(uint8_t(f[9])) << 8 | size_t(uint8_t(f[10])) << 16 |
-                              size_t(uint8_t(f[11])) << 24;
-  const size_t start = v1 ? 10 : 12;
-  const std::string header = f.substr(start, len);
-  Npy n;
-  const size_t d = header.find("'descr'");
-  REQUIRE(d != std::string::npos);
-  const size_t q1 = header.find('\'', header.find(':', d) + 1);
-  n.descr = header.substr(q1 + 1, header.find('\'', q1 + 1) - q1 - 1);
-  const size_t open = header.find('(', header.find("'shape'")), close = header.find(')', open);
-  std::istringstream dims(header.substr(open + 1, close - open - 1));
-  for (std::string tok; std::getline(dims, tok, ',');)
-    if (tok.find_first_of("0123456789") != std::string::npos) n.shape.push_back(std::stoll(tok));
-  n.data = f.substr(start + len);
-  return n;
 }
 
 std::vector<float> floats(const Npy& n) {
