@@ -158,9 +158,20 @@ void BM_Flash(benchmark::State& state, Shape s) {
     state.SkipWithError("warm-up call failed");
     return;
   }
+  // Each timed call is bracketed by two runs of the FMA probe on as many threads, and judged
+  // against their mean: on the shared VM the FMA rate itself drifts by 10-15% within minutes, so
+  // peak% (against the best start-up probe) mixes the kernel's speed with the machine's state
+  // then and now. of_probe% is the median of the per-call ratios; like bench_decode's of_read%.
+  // A call whose probes read under 80% of the start-up probe is left out (counted in
+  // `disturbed`): another tenant then held a core, and the kernel's dynamic schedule and the
+  // probe's even split slow by different amounts (a two-thread probe of one core's worth, 173
+  // GFLOP/s, paired with a kernel call at 141, read "78%").
+  const double flops = ioattn::forward_flops(ioattn::problem_of(pr.p));
   double total = 0;
   int64_t runs = 0;
+  std::vector<double> ratios, probes;
   for (auto _ : state) {
+    const double before = ioattn::peers::fma_probe_once(s.threads);
     const auto t0 = Clock::now();
     const ioattn::Status st = ioattn::cpu::forward(pr.p);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -169,11 +180,21 @@ void BM_Flash(benchmark::State& state, Shape s) {
       return;
     }
     state.SetIterationTime(dt);
+    const double probe = 0.5 * (before + ioattn::peers::fma_probe_once(s.threads));
+    probes.push_back(probe);
+    if (probe >= 0.8 * fma_peak_gflops(s.threads)) ratios.push_back(flops / dt / 1e9 / probe);
     total += dt;
     ++runs;
   }
   const double seconds = total / double(runs);
   report(state, s, pr.p, seconds, double(ioattn::cpu::scratch_bytes(pr.p)));
+  std::nth_element(probes.begin(), probes.begin() + probes.size() / 2, probes.end());
+  state.counters["probe_GFLOP/s"] = probes[probes.size() / 2];
+  state.counters["disturbed"] = double(probes.size() - ratios.size());
+  if (!ratios.empty()) {
+    std::nth_element(ratios.begin(), ratios.begin() + ratios.size() / 2, ratios.end());
+    state.counters["of_probe%"] = 100.0 * ratios[ratios.size() / 2];
+  }
   state.counters["vs_blas"] = baseline_seconds(s) / seconds;
   const ioattn::Plan plan = ioattn::cpu::plan_for_params(pr.p);
   state.SetLabel(ioattn::cpu::dispatch_target_name() + " block_q=" + std::to_string(plan.block_q) +

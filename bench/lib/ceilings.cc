@@ -37,28 +37,38 @@ double timed_team(int threads, const Body& body) {
 
 std::atomic<float> g_sink{0.f};
 
-}  // namespace
-
-double measure_fma_peak(int threads, double seconds) {
-  threads = std::max(threads, 1);
-  // Calibrate the step count on one thread so each run lasts about `seconds`.
+// FMA chain steps that take about `seconds` on one thread.
+int64_t fma_steps_for(double seconds) {
   int64_t steps = 1 << 20;
   for (;;) {
     const auto t0 = Clock::now();
     g_sink.store(fma_chains(steps));
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (dt > 0.02) {
-      steps = std::max<int64_t>(steps, int64_t(double(steps) * seconds / dt));
-      break;
-    }
+    if (dt > 0.02) return std::max<int64_t>(steps, int64_t(double(steps) * seconds / dt));
     steps *= 4;
   }
+}
+
+double fma_team_gflops(int threads, int64_t steps) {
+  const double dt = timed_team(threads, [&](int) { g_sink.store(fma_chains(steps)); });
+  return double(fma_flops_per_iteration()) * double(steps) * threads / dt / 1e9;
+}
+
+}  // namespace
+
+double measure_fma_peak(int threads, double seconds) {
+  threads = std::max(threads, 1);
+  const int64_t steps = fma_steps_for(seconds);
   double best = 0;
-  for (int run = 0; run < 3; ++run) {
-    const double dt = timed_team(threads, [&](int) { g_sink.store(fma_chains(steps)); });
-    best = std::max(best, double(fma_flops_per_iteration()) * double(steps) * threads / dt / 1e9);
-  }
+  for (int run = 0; run < 3; ++run) best = std::max(best, fma_team_gflops(threads, steps));
   return best;
+}
+
+double fma_probe_once(int threads) {
+  // Calibrated once per process: 50 ms of chains, long against the team's start-up (~50 us)
+  // and comparable to the calls it brackets (10 ms at S = 512 to a second at S = 16384).
+  static const int64_t steps = fma_steps_for(0.05);
+  return fma_team_gflops(std::max(threads, 1), steps);
 }
 
 double measure_read_bandwidth(int threads, size_t bytes, double seconds) {

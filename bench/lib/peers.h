@@ -15,6 +15,11 @@ namespace ioattn::peers {
 // Zen 3 / Skylake core saturated; 12 leave margin). Best of 3 runs of about `seconds` each.
 double measure_fma_peak(int threads, double seconds = 0.2);
 
+// One run of the same probe (about 50 ms), no best-of: to be timed right beside a kernel call,
+// so that the ratio of the two sees the machine in one state (time_read_once's role for
+// memory-bound kernels).
+double fma_probe_once(int threads);
+
 // Read bandwidth in GB/s: `threads` threads each stream their own slice of one `bytes` buffer
 // with vector loads into 8 accumulators, repeatedly; best of 3 runs of about `seconds` each. A
 // buffer far larger than the last-level cache measures DRAM, a smaller one the cache.
