@@ -188,13 +188,13 @@ void BM_Flash(benchmark::State& state, Shape s) {
   }
   const double seconds = total / double(runs);
   report(state, s, pr.p, seconds, double(ioattn::cpu::scratch_bytes(pr.p)));
-  std::nth_element(probes.begin(), probes.begin() + probes.size() / 2, probes.end());
-  state.counters["probe_GFLOP/s"] = probes[probes.size() / 2];
+  auto median = [](std::vector<double>& x) {
+    std::nth_element(x.begin(), x.begin() + x.size() / 2, x.end());
+    return x[x.size() / 2];
+  };
+  state.counters["probe_GFLOP/s"] = median(probes);
   state.counters["disturbed"] = double(probes.size() - ratios.size());
-  if (!ratios.empty()) {
-    std::nth_element(ratios.begin(), ratios.begin() + ratios.size() / 2, ratios.end());
-    state.counters["of_probe%"] = 100.0 * ratios[ratios.size() / 2];
-  }
+  if (!ratios.empty()) state.counters["of_probe%"] = 100.0 * median(ratios);
   state.counters["vs_blas"] = baseline_seconds(s) / seconds;
   const ioattn::Plan plan = ioattn::cpu::plan_for_params(pr.p);
   state.SetLabel(ioattn::cpu::dispatch_target_name() + " block_q=" + std::to_string(plan.block_q) +

@@ -1093,23 +1093,22 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
     // plain read, 10 alternations: 73.7% -> 80.3% (median of per-round ratios 1.09); bf16 B = 4:
     // 81.8% -> 90.5% (1.13); one thread unchanged (0.99). Two blocks ahead measured 0.95x of one.
     // Otherwise each head queues its own rows of the next block.
-    if (whole_positions) {
+    // next_block_queue: the next block's rows from head offsets koff / voff, `bytes` each,
+    // spread over `over_steps` inner steps.
+    auto next_block_queue = [&](int64_t koff, int64_t voff, int64_t bytes, int64_t over_steps) {
       for (int64_t i = 0; i < nn; ++i) {
-        ahead[2 * i] = reinterpret_cast<const char*>(knext[i]);
-        ahead[2 * i + 1] = reinterpret_cast<const char*>(vnext[i]);
-      }
-    }
-    const int64_t position_bytes = g.heads_kv * row_bytes;
-    LineQueue block_queue{ahead, 2 * nn, position_bytes,
-                          (2 * nn * ((position_bytes + 63) / 64) + steps * g.heads_kv - 1) / (steps * g.heads_kv)};
-    for (int64_t hk = 0; hk < g.heads_kv; ++hk) {
-      const Scratch& w = ws[hk];
-      const int64_t koff = hk * p.k_head_stride, voff = hk * p.v_head_stride;
-      for (int64_t i = 0; !whole_positions && i < nn; ++i) {
         ahead[2 * i] = reinterpret_cast<const char*>(knext[i] + koff);
         ahead[2 * i + 1] = reinterpret_cast<const char*>(vnext[i] + voff);
       }
-      LineQueue head_queue{ahead, 2 * nn, row_bytes, (2 * nn * ((row_bytes + 63) / 64) + steps - 1) / steps};
+      return LineQueue{ahead, 2 * nn, bytes, (2 * nn * ((bytes + 63) / 64) + over_steps - 1) / over_steps};
+    };
+    LineQueue block_queue{};
+    if (whole_positions) block_queue = next_block_queue(0, 0, g.heads_kv * row_bytes, steps * g.heads_kv);
+    for (int64_t hk = 0; hk < g.heads_kv; ++hk) {
+      const Scratch& w = ws[hk];
+      const int64_t koff = hk * p.k_head_stride, voff = hk * p.v_head_stride;
+      LineQueue head_queue{};
+      if (!whole_positions) head_queue = next_block_queue(koff, voff, row_bytes, steps);
       LineQueue& pq = whole_positions ? block_queue : head_queue;
       for (int64_t i = 0; i < kDecodeStride; ++i) krows[i] = kpos[i] + koff;
       for (int64_t i = 0; i < nk; ++i) w.vrows[i] = vpos[i] + voff;
