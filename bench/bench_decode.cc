@@ -7,7 +7,8 @@
 //   bench_decode --benchmark_filter='ceiling|B:8'
 //
 // Shapes follow issue 5: Hq = 32 query heads over Hkv = 8 KV heads (GQA 4), D = 128, f32 q/out
-// (edge decoders keep activations in f32) over f16 or bf16 caches of 4k..32k tokens.
+// (edge decoders keep activations in f32) over f16 or bf16 caches of 4k..32k tokens; f16_groups
+// reads one 1 GiB f16 cache with Hq = 8, 16 and 32 (G = 1, 2, 4).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -40,7 +41,7 @@ struct Decode {
   ioattn_kvcache cache{};
   ioattn_tensor tq{}, to{};
 
-  Decode(int64_t b, int64_t s, ioattn::DType t) : batch(b), keys(s), cache_dtype(t) {
+  Decode(int64_t b, int64_t s, int64_t hq, ioattn::DType t) : batch(b), keys(s), cache_dtype(t) {
     const int64_t row = kHkv * kDim;
     elements = size_t(b * s * row);
     k = hwy::AllocateAligned<uint16_t>(elements);
@@ -51,15 +52,15 @@ struct Decode {
       ioattn::store_from_f32(k.get(), int64_t(i), t, dist(rng));
       ioattn::store_from_f32(v.get(), int64_t(i), t, dist(rng));
     }
-    q.resize(size_t(b * kHq * kDim));
+    q.resize(size_t(b * hq * kDim));
     for (float& x : q) x = dist(rng);
     out.assign(q.size(), 0.f);
     seqlens.assign(size_t(b), int32_t(s));
     cache.k = {k.get(), int32_t(t), b, s, kHkv, kDim, s * row, row, kDim};
     cache.v = {v.get(), int32_t(t), b, s, kHkv, kDim, s * row, row, kDim};
     cache.seqlens = seqlens.data();
-    tq = {q.data(), IOATTN_F32, b, 1, kHq, kDim, kHq * kDim, kHq * kDim, kDim};
-    to = {out.data(), IOATTN_F32, b, 1, kHq, kDim, kHq * kDim, kHq * kDim, kDim};
+    tq = {q.data(), IOATTN_F32, b, 1, hq, kDim, hq * kDim, hq * kDim, kDim};
+    to = {out.data(), IOATTN_F32, b, 1, hq, kDim, hq * kDim, hq * kDim, kDim};
   }
   double kv_bytes() const { return double(elements) * 2.0 * 2.0; }
 };
@@ -79,7 +80,7 @@ void BM_ReadBandwidth(benchmark::State& state) {
 
 void BM_Decode(benchmark::State& state, ioattn::DType cache_dtype) {
   const int threads = int(state.range(2));
-  Decode d(state.range(0), state.range(1), cache_dtype);
+  Decode d(state.range(0), state.range(1), state.range(3), cache_dtype);
   ioattn_options opt;
   ioattn_options_default(&opt);
   opt.num_threads = threads;
@@ -123,8 +124,17 @@ void BM_Decode(benchmark::State& state, ioattn::DType cache_dtype) {
 void DecodeArgs(benchmark::internal::Benchmark* b) {
   const int all = ioattn::cpu::default_threads();
   for (int64_t batch : {1, 2, 4, 8})
-    for (int64_t keys : {4096, 16384, 32768}) b->Args({batch, keys, all});
-  b->ArgNames({"B", "Sk", "threads"})->UseManualTime()->MinTime(0.5)->Unit(benchmark::kMillisecond);
+    for (int64_t keys : {4096, 16384, 32768}) b->Args({batch, keys, all, kHq});
+  b->ArgNames({"B", "Sk", "threads", "Hq"})->UseManualTime()->MinTime(0.5)->Unit(benchmark::kMillisecond);
+}
+
+// The same 1 GiB f16 cache read by 1, 2 and 4 query heads per kv head: the bytes stay, the
+// arithmetic per byte scales with G. On the 2-vCPU dev VM at 2 threads G = 1 / 2 / 4 read
+// 88 / 81 / 72% of the paired read (bench/results/cpu-decode.md, 2026-12-04): what keeps decode
+// from the read's bandwidth on few cores is the arithmetic between the prefetches.
+void GroupArgs(benchmark::internal::Benchmark* b) {
+  for (int64_t hq : {kHkv, 2 * kHkv, 4 * kHkv}) b->Args({8, 32768, ioattn::cpu::default_threads(), hq});
+  b->ArgNames({"B", "Sk", "threads", "Hq"})->UseManualTime()->MinTime(0.5)->Unit(benchmark::kMillisecond);
 }
 
 }  // namespace
@@ -132,5 +142,6 @@ void DecodeArgs(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_ReadBandwidth)->Name("ceiling/dram_read")->Arg(ioattn::cpu::default_threads())->ArgName("threads")->Iterations(1);
 BENCHMARK_CAPTURE(BM_Decode, f16, ioattn::DType::f16)->Apply(DecodeArgs);
 BENCHMARK_CAPTURE(BM_Decode, bf16, ioattn::DType::bf16)->Apply(DecodeArgs);
+BENCHMARK_CAPTURE(BM_Decode, f16_groups, ioattn::DType::f16)->Apply(GroupArgs);
 
 BENCHMARK_MAIN();
