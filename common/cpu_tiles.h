@@ -54,5 +54,12 @@ constexpr CpuRegisterTile cpu_pv_register_tile(int simd_bits) {
 // cores batch x splits tasks. 8 rows: 2 x 8 x D FMA lanes per key still run faster than a
 // core's share of DRAM delivers the key's 4 x D bytes (f16), see the kernel's arithmetic.
 constexpr int cpu_decode_max_rows = 8;
+// Decode's softmax block (keys per online-softmax step, all kv heads at once; the kernel's
+// comment on kDecodeKeys has the measurements) and the unit its key splits are cut in.
+constexpr int cpu_decode_block_keys = 32;
+// A decode split keeps at least this many keys: its (O, m, l) partial, G x Hkv rows x Dv floats
+// (16 KiB at Hq = 32, Hkv = 8, D = 128), is written once and merged once, against the split's
+// 256 x Hkv x (D + Dv) cache elements (1 MiB in f16): under 2% of its traffic.
+constexpr int cpu_decode_min_split_keys = 256;
 
 }  // namespace ioattn

@@ -55,11 +55,13 @@ std::string kib(int64_t bytes) {
 
 // kv_splits depends on the problem and the profile's core/SM count only, never on the thread
 // count, so the merge order (and so every output bit) is the same for any number of threads.
-int split_keys(int64_t tasks, int64_t cores, int64_t seqlen_k, int64_t block_kv) {
+// most: the largest split count the key axis allows (from its block size).
+int split_keys(int64_t tasks, int64_t cores, int64_t seqlen_k, int64_t most) {
   if (tasks <= 0 || tasks >= cores || seqlen_k <= 0) return 1;
-  const int64_t want = ceil_div(cores, tasks);
-  const int64_t most = std::max<int64_t>(1, ceil_div(seqlen_k, block_kv) / kMinKvBlocksPerSplit);
-  return int(std::min(want, most));
+  return int(std::min(ceil_div(cores, tasks), std::max<int64_t>(1, most)));
+}
+int64_t most_block_splits(int64_t seqlen_k, int64_t block_kv) {
+  return ceil_div(seqlen_k, block_kv) / kMinKvBlocksPerSplit;
 }
 
 }  // namespace
@@ -162,10 +164,12 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
 
   const int64_t q_blocks = plan.rows_per_unit > 0 ? ceil_div(pr.seqlen_q, std::max<int64_t>(1, bq / std::max<int64_t>(group, 1))) : 0;
   // Decode rows (cpu_decode_max_rows) run one task per (sequence, split) over all kv heads, so
-  // only the batch counts toward filling the cores.
+  // only the batch counts toward filling the cores, and the splits are cut in the decode's own
+  // 32-key blocks (never block_kv's, which only the packed path uses).
   const bool decode = plan.rows_per_unit > 0 && plan.rows_per_unit <= cpu_decode_max_rows;
   const int64_t tasks = decode ? pr.batch : plan.units * q_blocks;
-  plan.kv_splits = split_keys(tasks, cores, pr.seqlen_k, bkv);
+  plan.kv_splits = split_keys(tasks, cores, pr.seqlen_k,
+                              decode ? pr.seqlen_k / cpu_decode_min_split_keys : most_block_splits(pr.seqlen_k, bkv));
   plan.work_items = tasks * plan.kv_splits;
   const int requested = threads > 0 ? threads : cores;
   plan.workers = int(std::max<int64_t>(1, std::min<int64_t>(requested, plan.work_items)));
@@ -256,10 +260,10 @@ Plan plan_gpu(const Problem& pr, const HardwareProfile& hw) {
     // CTA's two 32 KiB tiles ahead sustained ~16 GB/s, at 192 CTAs as at 256, so the keys split
     // into as many runs as fill every resident slot in one wave (floor: a second, partial wave
     // would leave most SMs idle at its end).
-    const int64_t most = std::max<int64_t>(1, ceil_div(pr.seqlen_k, plan.block_kv) / kMinKvBlocksPerSplit);
+    const int64_t most = std::max<int64_t>(1, most_block_splits(pr.seqlen_k, plan.block_kv));
     plan.kv_splits = tasks <= 0 || tasks >= slots || pr.seqlen_k <= 0 ? 1 : int(std::min(slots / tasks, most));
   } else {
-    plan.kv_splits = split_keys(tasks, hw.cores, pr.seqlen_k, plan.block_kv);
+    plan.kv_splits = split_keys(tasks, hw.cores, pr.seqlen_k, most_block_splits(pr.seqlen_k, plan.block_kv));
   }
   plan.work_items = tasks * plan.kv_splits;
   plan.workers = int(std::max<int64_t>(1, std::min<int64_t>(slots, plan.work_items)));

@@ -115,7 +115,7 @@ constexpr size_t AlignBytes(size_t x) { return (x + 63) / 64 * 64; }
 // 32 beat 16 in every paired run (below), and 64 did not (H200 host, one pass: 53-69% of the
 // paired read against 64-78% for 16).
 constexpr int64_t kDecodeRows = cpu_decode_max_rows;
-constexpr int64_t kDecodeKeys = 32;
+constexpr int64_t kDecodeKeys = cpu_decode_block_keys;
 // Score rows are kDecodeStride floats apart: whole vectors, so the softmax loads past the
 // block's last key (and masks) instead of running a scalar tail.
 constexpr int64_t kDecodeStride = RoundUp(kDecodeKeys, kLanes);
@@ -1315,10 +1315,13 @@ void DecodeTask(const AttnParams& p, const Geometry& g, int64_t b, int64_t split
     std::fill(ws[hk].o, ws[hk].o + t.mp * g.Dvp, 0.f);
   }
   const Tile t0 = MakeTile(p, g, b, 0, 0);
-  const int64_t blk_begin = split * nb / g.splits, blk_end = (split + 1) * nb / g.splits;
-  if (blk_begin < blk_end) {
-    const int64_t kb = std::max(u0, u1 - (nb - blk_begin) * g.block_kv);
-    const int64_t ke = u1 - (nb - blk_end) * g.block_kv;
+  // The visible keys [u0, u1) are cut into splits of whole softmax blocks, as even as blocks
+  // allow: a split's time is its share of the keys and the call waits for the longest (block_kv's
+  // 1008-key units, which only the packed path uses, had cut one 4096-key sequence 1072 / 3024).
+  const int64_t blocks = nb > 0 ? (u1 - u0 + kDecodeKeys - 1) / kDecodeKeys : 0;
+  const int64_t kb = nb > 0 ? u0 + split * blocks / g.splits * kDecodeKeys : 0;
+  const int64_t ke = nb > 0 ? std::min(u1, u0 + (split + 1) * blocks / g.splits * kDecodeKeys) : 0;
+  if (kb < ke) {
     switch (p.kv_dtype) {
       case DType::f16: DecodeRange<hwy::float16_t>(p, g, b, t0.seq, t0.rows, kb, ke, ws); break;
       case DType::bf16: DecodeRange<hwy::bfloat16_t>(p, g, b, t0.seq, t0.rows, kb, ke, ws); break;

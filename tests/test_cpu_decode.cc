@@ -148,6 +148,32 @@ TEST_CASE("decode: bitwise identical for any thread count with key splits", "[cp
   }
 }
 
+TEST_CASE("decode: key splits cut in 32-key blocks, more splits than blocks, windows past key 0",
+          "[cpu][decode]") {
+  // A split is a run of whole decode blocks counted from the first visible key, as even as the
+  // blocks allow; with more splits than blocks some splits are empty and merge as (0, -inf, 0).
+  // A left window moves the first visible key off 0, and two causal query positions (G x 2 = 8
+  // rows, still decode mode) give each row its own range inside the union.
+  int index = 0;
+  for (int splits : {2, 5, 16, 40})
+    for (int64_t sk : {int64_t(1), int64_t(31), int64_t(33), int64_t(95), int64_t(600)}) {
+      ++index;
+      AttnCase c;
+      c.batch = 1 + index % 2;
+      c.heads_q = 8;
+      c.heads_kv = 2;
+      c.seqlen_q = index % 2 == 0 ? 2 : 1;
+      c.seqlen_k = sk;
+      c.head_dim = index % 3 == 0 ? 72 : 64;
+      c.dtype = index % 3 == 1 ? DType::f16 : DType::f32;
+      c.causal = true;
+      c.window_left = index % 4 < 2 ? 70 : -1;
+      c.threads = 1 + index % 3;
+      c.tiling.kv_splits = splits;
+      DYNAMIC_SECTION("splits " << splits << ": " << c.describe()) { check_case(c, uint32_t(900 + index)); }
+    }
+}
+
 TEST_CASE("decode: every compiled Highway target", "[cpu][decode]") {
   for (int64_t target : ioattn::test::compiled_targets()) {
     ioattn::test::TargetScope scope(target);

@@ -145,13 +145,20 @@ TEST_CASE("hand-checked CPU plans") {
     CHECK(p.work_items == 2);
   }
   SECTION("decode of one head on 56 Sapphire Rapids cores splits the keys") {
-    // 1 task < 56 cores: the key axis splits, each split keeping >= 4 blocks of 96 keys
-    // (the AVX-512 tile is 8 x 48): min(56, ceil(16384 / 96) / 4 = 42) = 42.
+    // 1 task < 56 cores: the key axis splits in the decode's own blocks, each split keeping
+    // >= cpu_decode_min_split_keys = 256 keys: min(56, 16384 / 256 = 64) = 56. (block_kv, 96,
+    // is the packed path's and no longer limits it: 4 blocks of 96 per split allowed only 42.)
     const Plan p = plan_cpu(make_problem(1, 1, 1, 16384, 128), profile("spr-xeon"));
     CHECK(p.block_q == 8);
     CHECK(p.block_kv == 96);
-    CHECK(p.kv_splits == 42);
-    CHECK(p.work_items == 42);
+    CHECK(p.kv_splits == 56);
+    CHECK(p.work_items == 56);
+    // 4096 keys on 2 cores split 2 ways (4096 / 256 = 16 allowed); under 512 keys they do not.
+    CHECK(plan_cpu(make_problem(32, 8, 1, 4096, 128, DType::f16), zen3).kv_splits == 2);
+    CHECK(plan_cpu(make_problem(32, 8, 1, 511, 128, DType::f16), zen3).kv_splits == 1);
+    CHECK(plan_cpu(make_problem(32, 8, 1, 512, 128, DType::f16), zen3).kv_splits == 2);
+    // Two sequences already fill two cores.
+    CHECK(plan_cpu(make_problem(32, 8, 1, 4096, 128, DType::f16, 2), zen3).kv_splits == 1);
   }
   SECTION("few units on many cores cap block_q") {
     const Plan p = plan_cpu(make_problem(1, 1, 4096, 4096, 64), profile("neoverse-v2"));
