@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/cpu_tiles.h"
+
 namespace ioattn {
 namespace {
 
@@ -50,14 +52,40 @@ DesignOutline designOutline(const Problem& pr, const Plan& plan, const HardwareP
                format_ratio(b.standard_bytes, b.flash_bytes) + ");";
   }
   const double s_bytes = double(pr.batch * pr.heads_q) * double(pr.seqlen_q) * double(pr.seqlen_k) * 4.0;
+  // CPU decode mode (cpu/flash_kernel.cc, DecodeRange) runs none of the packed blocks: per kv
+  // head its few query rows keep fp32 Q, a 32-key score block and O, and K/V stream from the
+  // cache in 32-key blocks over all kv heads, one block prefetched into L2 ahead of use.
+  const bool cpu_decode = !gpu && plan.rows_per_unit > 0 && plan.rows_per_unit <= cpu_decode_max_rows;
+  const int64_t rows = plan.rows_per_unit;
+  const int64_t key_block = cpu_decode ? cpu_decode_block_keys : plan.block_kv;
+  const double decode_state = 4.0 * double(pr.heads_kv) * double(rows) *
+                              double(pr.head_dim + cpu_decode_block_keys + pr.head_dim_v);
+  const double decode_block = double(cpu_decode_block_keys) * double(pr.heads_kv) *
+                              double(pr.head_dim + pr.head_dim_v) * dtype_bytes(pr.kv_dtype);
+  const std::string state_level =
+      decode_state <= double(hw.levels.front().size_bytes) ? hw.levels.front().name : plan.target_level;
   traffic += " the score matrix alone is " + format_bytes(s_bytes) + ", which flash attention never writes; it keeps " +
-             std::string(gpu ? "each CTA's" : "each worker's") + " " + num(plan.block_q) + "x" + num(plan.block_kv) +
-             " score tile in " + plan.target_level + ".";
+             (cpu_decode ? "each worker's " + num(rows) + "x" + num(cpu_decode_block_keys) + " score block per kv head in " +
+                               state_level + " and reads every K/V byte of the cache once"
+                         : std::string(gpu ? "each CTA's" : "each worker's") + " " + num(plan.block_q) + "x" +
+                               num(plan.block_kv) + " score tile in " + plan.target_level) +
+             ".";
   o.memoryTraffic = traffic;
 
-  const int64_t rows = plan.rows_per_unit;
   const int64_t q_blocks = ceil_div(rows, plan.block_q);
-  if (gpu) {
+  if (cpu_decode) {
+    o.tiling = "decode mode (" + num(rows) + " query rows per kv head, at most " + num(cpu_decode_max_rows) +
+               "): one task per sequence and key split runs all " + num(pr.heads_kv) + " kv heads, whose rows keep fp32 Q, " +
+               "scores and O in " + format_bytes(decode_state) + " (" + state_level + "), and reads K and V straight from the " +
+               std::string(dtype_name(pr.kv_dtype)) + " cache in " + num(cpu_decode_block_keys) + "-key blocks (" +
+               format_bytes(decode_block) + " of K/V per block, the next one prefetched into " + plan.target_level +
+               " in address order), with no packed copy; " + num(plan.work_items) + " tasks (kv_splits=" +
+               num(plan.kv_splits) + ", splits of whole blocks) on " + num(plan.workers) + " workers. The planner's " +
+               "packed blocks, block_q=" + num(plan.block_q) + " x block_kv=" + num(plan.block_kv) + " (" +
+               format_bytes(double(plan.working_set_bytes)) + " of fp32 copies in the " +
+               format_bytes(double(plan.target_level_bytes)) + " per-core " + plan.target_level +
+               "), apply only to calls with more than " + num(cpu_decode_max_rows) + " query rows per kv head.";
+  } else if (gpu) {
     o.tiling = "block_q=" + num(plan.block_q) + ", block_kv=" + num(plan.block_kv) + " (" + num(plan.warps) + " warps, " +
                num(plan.stages) + " K/V stages, head dim padded to " + num(plan.head_dim_padded) + ") from the constexpr " +
                "tile table: the Q tile plus the K/V stages take " + format_bytes(double(plan.working_set_bytes)) + " of the " +
@@ -75,14 +103,14 @@ DesignOutline designOutline(const Problem& pr, const Plan& plan, const HardwareP
   }
 
   const double scale = 1.0 / std::sqrt(double(std::max<int64_t>(pr.head_dim, 1)));
-  const int64_t kv_blocks = ceil_div(pr.seqlen_k, plan.block_kv);
+  const int64_t kv_blocks = ceil_div(pr.seqlen_k, key_block);
   o.numericalStability =
       "Scores are scaled by 1/sqrt(" + num(pr.head_dim) + ") = " + fmt("%.4g", scale) + " and each row keeps a running max m " +
       "over its visible keys, so every exponent is exp(s - m) <= 1 and cannot overflow, however large the " +
       std::string(dtype_name(pr.dtype)) + " inputs (up to " + dtype_range(pr.dtype) + "); inputs are widened to fp32 " +
       "before the dot products, and the row sum l and the O accumulator stay in fp32 over all " + num(pr.seqlen_k) +
       " keys; when the max grows, O and l are rescaled by exp(m_old - m_new) at most once per key block (" +
-      num(kv_blocks) + " blocks of " + num(plan.block_kv) + "), and O is divided by l once at the end" +
+      num(kv_blocks) + " blocks of " + num(key_block) + "), and O is divided by l once at the end" +
       (plan.kv_splits > 1 ? "; the " + num(plan.kv_splits) + " key splits merge their (O, m, l) partials with the same rescaling" : "") +
       "; a row with no visible key gives 0 and lse -inf, never NaN.";
 
@@ -98,7 +126,7 @@ DesignOutline designOutline(const Problem& pr, const Plan& plan, const HardwareP
   const double s_needed = gpu ? s_bytes : s_head;
   // Dv multiplies per row per key block against 2 * block_kv * (D + Dv) matmul FLOPs per row.
   const double rescale_pct = 100.0 * double(pr.head_dim_v) /
-                             (2.0 * std::max(1, plan.block_kv) * double(std::max<int64_t>(1, pr.head_dim + pr.head_dim_v)));
+                             (2.0 * double(std::max<int64_t>(1, key_block)) * double(std::max<int64_t>(1, pr.head_dim + pr.head_dim_v)));
   std::string trade = "Each unit's K/V (" + format_bytes(kv_head) + " per head) is re-read " +
                       (gpu ? std::string("from L2 into shared memory") : "from " + plan.target_level + " or beyond") +
                       " once per query block, " + num(q_blocks) + " times for " + num(rows) +
@@ -136,6 +164,29 @@ DesignOutline designOutline(const Problem& pr, const Plan& plan, const HardwareP
                     ", vs " + format_bytes(double(hw.levels[1].size_bytes) / std::max(1, hw.levels[1].partitions)) +
                     " per partition here) K/V is re-read from " + hw.dram().name + " per query block." +
                     (plan.supported ? "" : " This shape is not supported by the CUDA build: " + plan.rationale);
+  } else if (cpu_decode) {
+    // Each core keeps at most 16 L1 fill buffers of lines in flight, and every K/V line of a
+    // decode is a software prefetch holding one for a full memory latency: 16 x 64 B / ~110 ns is
+    // ~9.3 GB/s per core (bench/results/cpu-decode.md: one thread decoded 9.3 GB/s, two cores
+    // at GQA 4 reached 72-81% of a plain read of 0.5-1 GiB caches, sixteen 95-101%).
+    constexpr double kCoreStreamGbs = 16 * 64 / 110.0;
+    const double kv_bytes = double(pr.batch) * double(pr.heads_kv) * double(pr.seqlen_k) *
+                            double(pr.head_dim + pr.head_dim_v) * dtype_bytes(pr.kv_dtype);
+    const double bw = hw.dram().bandwidth_gbs;
+    std::string fm = "Decode does " + fmt("%.3g", forward_flops(pr) / std::max(1.0, kv_bytes)) +
+                     " FLOP per byte of K/V, so it is bound by " + hw.dram().name + " bandwidth, and it relies on two " +
+                     "things: the prefetched next block (" + format_bytes(decode_block) + ") must wait in the " +
+                     format_bytes(double(plan.target_level_bytes)) + " per-core " + plan.target_level +
+                     " beside the current one, so with less than " + format_bytes(2 * decode_block) +
+                     " of it free per core the lines are evicted before use and K/V crosses that boundary twice; and each " +
+                     "core keeps at most 16 lines in flight (about " + fmt("%.3g", kCoreStreamGbs) +
+                     " GB/s per core at ~110 ns)";
+    if (bw > 0) {
+      const int64_t cores_needed = int64_t(std::ceil(bw / kCoreStreamGbs));
+      fm += ", so reading the " + fmt("%.4g", bw) + " GB/s of " + hw.name + " takes at least " + num(cores_needed) +
+            " busy cores (this plan runs " + num(plan.workers) + ")";
+    }
+    o.failureMode = fm + ".";
   } else {
     // The same plan on this hardware with the target level at half the working set.
     HardwareProfile small = hw;

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/cpu_tiles.h"
 #include "common/outline.h"
 #include "tests/catch.h"
 #include "tests/support.h"
@@ -63,7 +64,10 @@ TEST_CASE("each outline field names this plan's figures") {
     CHECK(has(o.numericalStability, dtype_name(pr.dtype)));
     CHECK(has(o.numericalStability, "fp32"));
     CHECK(has(o.numericalStability, std::to_string(pr.seqlen_k) + " keys"));
-    CHECK(has(o.numericalStability, "blocks of " + std::to_string(plan.block_kv)));
+    // CPU decode mode streams the cache in its own 32-key blocks, not the packed block_kv.
+    const bool cpu_decode = plan.backend == Backend::cpu && plan.rows_per_unit <= cpu_decode_max_rows;
+    CHECK(has(o.numericalStability,
+              "blocks of " + std::to_string(cpu_decode ? int64_t(cpu_decode_block_keys) : int64_t(plan.block_kv))));
     if (plan.kv_splits > 1) CHECK(has(o.numericalStability, std::to_string(plan.kv_splits) + " key splits"));
 
     const int64_t q_blocks = (plan.rows_per_unit + plan.block_q - 1) / plan.block_q;
@@ -73,9 +77,33 @@ TEST_CASE("each outline field names this plan's figures") {
     CHECK(has(o.tradeoff, format_bytes(t.levels.back().flash_bytes)) ==
           (t.levels.back().standard_bytes <= t.levels.back().flash_bytes * 1.05));
 
-    CHECK(has(o.failureMode, format_bytes(double(plan.working_set_bytes))));
+    if (cpu_decode) {
+      // The block prefetched ahead, all kv heads of 32 positions, and room for two of them.
+      const double block = 32.0 * double(pr.heads_kv) * double(pr.head_dim + pr.head_dim_v) * dtype_bytes(pr.kv_dtype);
+      CHECK(has(o.failureMode, format_bytes(block)));
+      CHECK(has(o.failureMode, format_bytes(2 * block)));
+      CHECK(has(o.tiling, "decode mode"));
+      CHECK(has(o.memoryTraffic, "4x32 score block"));
+    } else {
+      CHECK(has(o.failureMode, format_bytes(double(plan.working_set_bytes))));
+    }
     CHECK(has(o.failureMode, format_bytes(double(plan.target_level_bytes))));
   }
+}
+
+TEST_CASE("CPU decode's failure mode names the cores a stream of this bandwidth needs") {
+  // spr-xeon: DRAM 307.2 GB/s; a core keeps 16 lines of 64 B in flight per ~110 ns.
+  const HardwareProfile spr = profile("spr-xeon");
+  const Problem pr = make_problem(32, 8, 1, 32768, 128, DType::bf16, 8);
+  const Plan plan = plan_cpu(pr, spr);
+  const DesignOutline o = designOutline(pr, plan, spr);
+  INFO(o.failureMode);
+  CHECK(has(o.failureMode, "4 FLOP per byte"));
+  CHECK(has(o.failureMode, "at least " + std::to_string(int(std::ceil(spr.dram().bandwidth_gbs / (16 * 64 / 110.0)))) +
+                               " busy cores"));
+  // The packed path's outline for the same machine and more query rows keeps its own terms.
+  const Problem prefill = make_problem(32, 8, 512, 32768, 128, DType::bf16);
+  CHECK(!has(designOutline(prefill, plan_cpu(prefill, spr), spr).tiling, "decode mode"));
 }
 
 TEST_CASE("the CPU failure mode quotes the model's traffic with the target level halved") {
