@@ -174,16 +174,16 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
   const int requested = threads > 0 ? threads : cores;
   plan.workers = int(std::max<int64_t>(1, std::min<int64_t>(requested, plan.work_items)));
 
-  // Decode mode never runs the packed blocks sized below; the plan still shows them (a call with
-  // more query rows runs them), and says what decode streams instead.
+  // Decode mode never runs the packed blocks sized above (they serve calls with more query rows
+  // per kv head); the plan keeps them and says what decode streams instead.
   const int64_t decode_block_bytes = int64_t(cpu_decode_block_keys) * pr.heads_kv * (pr.head_dim + pr.head_dim_v) *
                                      int64_t(dtype_bytes(pr.kv_dtype));
   plan.rationale = (decode ? "decode: one task per sequence and key split reads K/V straight from the cache in " +
                                  std::to_string(cpu_decode_block_keys) + "-key blocks over all " +
                                  std::to_string(pr.heads_kv) + " kv heads (" + kib(decode_block_bytes) +
                                  " of K/V per block, prefetched into L2), the " + std::to_string(group) +
-                                 " query heads of each kv head together; the blocks below size calls with more "
-                                 "query rows: "
+                                 " query heads of each kv head together; for calls with more query rows, the "
+                                 "packed blocks: "
                            : std::string()) +
                    "working set " + kib(plan.working_set_bytes) + " (Q " + std::to_string(bq) + "x" +
                    std::to_string(dp) + ", K/V " + std::to_string(bkv) + " keys, scores " + std::to_string(bq) +
