@@ -2,7 +2,9 @@
 // ioattn_forward_kvcache entry point. Decode is memory-bound: the figure of merit is the K/V
 // bytes read per second, reported against a plain vector read of the same K/V bytes by as many
 // threads, timed before and after every call (of_read%: the median per-call ratio), and against a 1 GiB read measured once at the
-// start (of_dram%, bench/lib).
+// start (of_dram%, bench/lib). model_MiB is the traffic model's DRAM bytes for the call on the
+// detected host; of_model% the time those bytes take at the paired read's rate over the measured
+// time (100% = the kernel moves only what the model says, as fast as a plain read).
 //
 //   bench_decode --benchmark_filter='ceiling|B:8'
 //
@@ -19,6 +21,9 @@
 
 #include "bench/lib/peers.h"
 #include "common/dtype.h"
+#include "common/hardware.h"
+#include "common/planner.h"
+#include "common/traffic.h"
 #include "cpu/cpu_backend.h"
 #include "hwy/aligned_allocator.h"
 #include "ioattn/ioattn.h"
@@ -118,6 +123,22 @@ void BM_Decode(benchmark::State& state, ioattn::DType cache_dtype) {
   state.counters["of_read%"] = 100.0 * ratios[ratios.size() / 2];
   state.counters["dram_GB/s"] = dram;
   state.counters["of_dram%"] = 100.0 * gbs / dram;
+  // The traffic model's DRAM bytes for this call on the detected host with the plan the call
+  // runs (K/V once, plus q, out and the split partials), and the time they would take at the
+  // paired read's rate against the measured time: how far the kernel is from the model's floor.
+  ioattn::Problem pr;
+  pr.batch = d.batch;
+  pr.heads_q = state.range(3);
+  pr.heads_kv = kHkv;
+  pr.seqlen_q = 1;
+  pr.seqlen_k = d.keys;
+  pr.head_dim = pr.head_dim_v = kDim;
+  pr.kv_dtype = cache_dtype;
+  static const ioattn::HardwareProfile host = ioattn::detect_host();
+  const double model = ioattn::predict_traffic(pr, ioattn::plan_cpu(pr, host, threads), host).flash_dram_bytes;
+  const double read_gbs = d.kv_bytes() * double(state.iterations()) / read_total * 1e-9;
+  state.counters["model_MiB"] = model / double(1 << 20);
+  state.counters["of_model%"] = 100.0 * (model / (read_gbs * 1e9)) / (total / double(state.iterations()));
   state.SetLabel(std::string(ioattn::dtype_name(cache_dtype)) + " cache, f32 q");
 }
 
