@@ -119,6 +119,9 @@ constexpr int64_t kDecodeKeys = cpu_decode_block_keys;
 // Score rows are kDecodeStride floats apart: whole vectors, so the softmax loads past the
 // block's last key (and masks) instead of running a scalar tail.
 constexpr int64_t kDecodeStride = RoundUp(kDecodeKeys, kLanes);
+// Decode's query rows go through the score and P V tiles 4 at a time (4 rows x 4 keys of
+// accumulators in the score step).
+constexpr int kDecodeRowChunk = 4;
 
 // ---------------------------------------------------------------------------------------------
 // Micro-kernels.
@@ -336,7 +339,8 @@ Geometry MakeGeometry(const AttnParams& p, const Plan& plan, bool head_mode, int
   g.decode = decode_positions > 0;
   g.pos_per_tile = g.decode ? decode_positions : std::max<int64_t>(1, plan.block_q / g.G);
   g.rows_max = g.pos_per_tile * g.G;
-  g.mp_max = RoundUp(g.rows_max, kLanes);
+  // Decode's Q is stored in whole row chunks (DecodeQ).
+  g.mp_max = RoundUp(g.rows_max, g.decode ? std::max<int64_t>(kLanes, kDecodeRowChunk) : kLanes);
   g.block_kv = std::max(1, plan.block_kv);
   g.splits = std::max(1, plan.kv_splits);
   g.head_mode = head_mode;
@@ -816,7 +820,6 @@ constexpr int64_t kGroupKeys = kTreeReduce ? kLanes : 1;
 // 4 rows x kDecodeColVecs accumulators plus as many V vectors and a broadcast.
 constexpr bool kWideRegisterFile = !(HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3);
 constexpr int kStepKeys = !kTreeReduce ? 1 : kLanes >= 4 && kWideRegisterFile ? 4 : 2;
-constexpr int kDecodeRowChunk = 4;
 constexpr int kDecodeColVecs = kWideRegisterFile ? 4 : 2;
 
 // Lanes of a's pairwise sums, then b's: one level of the transposed reduction. Applied to
@@ -826,6 +829,20 @@ constexpr int kDecodeColVecs = kWideRegisterFile ? 4 : 2;
 template <class D>
 HWY_INLINE hn::Vec<D> PairSums(D d, hn::Vec<D> a, hn::Vec<D> b) {
   return Add(ConcatEven(d, b, a), ConcatOdd(d, b, a));
+}
+
+// Decode's Q: rows in chunks of kDecodeRowChunk, each chunk D x kDecodeRowChunk floats laid out
+// [d / lanes][row][lanes] for the whole vectors of D, then [row][tail] for the rest. The score
+// loop then reads every row of its chunk from one pointer at fixed offsets: with a pointer per
+// row, its four K rows, the prefetch queue's cursor and the loop counters wanted more than x86's
+// 15 free general registers, and GCC parked the K row pointers in vector registers (a vmovq back
+// before every load, the hottest instructions of the loop in perf).
+void DecodeQ(const float* row, int64_t r, int64_t D, float* qt) {
+  const int64_t dv = D / kLanes * kLanes, rr = r % kDecodeRowChunk;
+  float* chunk = qt + (r - rr) * D;
+  for (int64_t d = 0; d < dv; d += kLanes)
+    std::memcpy(chunk + kDecodeRowChunk * d + rr * kLanes, row + d, size_t(kLanes) * sizeof(float));
+  std::memcpy(chunk + kDecodeRowChunk * dv + rr * (D - dv), row + dv, size_t(D - dv) * sizeof(float));
 }
 
 // Software prefetch of the next softmax block: a head's K and V rows of block n + 1 (32 x 512
@@ -865,10 +882,11 @@ struct LineQueue {
   }
 };
 
-// s[r * kDecodeStride + i] = K_i . Q_r for the kGroupKeys keys krows[i] and R query rows (q:
-// row-major f32, stride D). kStepKeys keys share each Q load; their sums are folded in registers
-// to one vector per row, and the group's kGroupKeys / kStepKeys such vectors per row are folded
-// once at the end. The tail of D past the last whole vector is scalar.
+// s[r * kDecodeStride + i] = K_i . Q_r for the kGroupKeys keys krows[i] and R query rows. q: the
+// chunk's rows in DecodeQ's layout, so that one pointer serves all rows. kStepKeys keys share
+// each Q load; their sums are folded in registers to one vector per row, and the group's
+// kGroupKeys / kStepKeys such vectors per row are folded once at the end. The tail of D past the
+// last whole vector is scalar.
 template <class T, int R>
 void DecodeScore(const T* const* krows, const float* q, int64_t D, float* s, LineQueue& pq) {
   const DF df;
@@ -892,7 +910,7 @@ void DecodeScore(const T* const* krows, const float* q, int64_t D, float* s, Lin
       for (int k = 0; k < kStepKeys; ++k) kv[k] = LoadWide(kr[k] + d);
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
-        const VF qv = hn::LoadU(df, q + r * D + d);
+        const VF qv = hn::LoadU(df, q + kDecodeRowChunk * d + r * kLanes);
         for (int k = 0; k < kStepKeys; ++k) acc[r][k] = hn::MulAdd(kv[k], qv, acc[r][k]);
       }
     }
@@ -922,7 +940,8 @@ void DecodeScore(const T* const* krows, const float* q, int64_t D, float* s, Lin
   for (int r = 0; r < R; ++r)
     for (int64_t i = 0; i < kGroupKeys; ++i) {
       float x = 0.f;
-      for (int64_t e = dv; e < D; ++e) x += load_as_f32(krows[i], e, kDTypeOf<T>) * q[r * D + e];
+      for (int64_t e = dv; e < D; ++e)
+        x += load_as_f32(krows[i], e, kDTypeOf<T>) * q[kDecodeRowChunk * dv + r * (D - dv) + (e - dv)];
       s[r * kDecodeStride + i] += x;
     }
 }
@@ -1218,7 +1237,8 @@ void PrepareTile(const AttnParams& p, const Geometry& g, const Tile& t, const Sc
     }
     const int64_t pos = t.pos0 + r / g.G, h = t.hk * g.G + r % g.G;
     if (decode) {
-      RowToF32(p.q, q_offset(p, t.b, t.seq, pos, h), p.io_dtype, g.D, w.qt + r * g.D);
+      RowToF32(p.q, q_offset(p, t.b, t.seq, pos, h), p.io_dtype, g.D, row);
+      DecodeQ(row, r, g.D, w.qt);
     } else {
       RowToF32(p.q, q_offset(p, t.b, t.seq, pos, h), p.io_dtype, g.D, row);
       for (int64_t d = 0; d < g.D; ++d) panel[d * kLanes] = row[d];
