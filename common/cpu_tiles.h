@@ -54,6 +54,10 @@ constexpr CpuRegisterTile cpu_pv_register_tile(int simd_bits) {
 // cores batch x splits tasks. 8 rows: 2 x 8 x D FMA lanes per key still run faster than a
 // core's share of DRAM delivers the key's 4 x D bytes (f16), see the kernel's arithmetic.
 constexpr int cpu_decode_max_rows = 8;
+// Whether a unit of rows_per_unit query rows (per sequence and kv head) runs in decode mode.
+constexpr bool cpu_decode_mode(int64_t rows_per_unit) {
+  return rows_per_unit > 0 && rows_per_unit <= cpu_decode_max_rows;
+}
 // Decode's softmax block (keys per online-softmax step, all kv heads at once; the kernel's
 // comment on kDecodeKeys has the measurements) and the unit its key splits are cut in.
 constexpr int cpu_decode_block_keys = 32;
@@ -61,5 +65,9 @@ constexpr int cpu_decode_block_keys = 32;
 // (16 KiB at Hq = 32, Hkv = 8, D = 128), is written once and merged once, against the split's
 // 256 x Hkv x (D + Dv) cache elements (1 MiB in f16): under 2% of its traffic.
 constexpr int cpu_decode_min_split_keys = 256;
+// Bytes of K and V in one decode block: cpu_decode_block_keys positions of every kv head.
+constexpr int64_t cpu_decode_block_bytes(int64_t heads_kv, int64_t head_dim, int64_t head_dim_v, int64_t elem_bytes) {
+  return int64_t(cpu_decode_block_keys) * heads_kv * (head_dim + head_dim_v) * elem_bytes;
+}
 
 }  // namespace ioattn

@@ -55,13 +55,13 @@ DesignOutline designOutline(const Problem& pr, const Plan& plan, const HardwareP
   // CPU decode mode (cpu/flash_kernel.cc, DecodeRange) runs none of the packed blocks: per kv
   // head its few query rows keep fp32 Q, a 32-key score block and O, and K/V stream from the
   // cache in 32-key blocks over all kv heads, one block prefetched into L2 ahead of use.
-  const bool cpu_decode = !gpu && plan.rows_per_unit > 0 && plan.rows_per_unit <= cpu_decode_max_rows;
+  const bool cpu_decode = !gpu && cpu_decode_mode(plan.rows_per_unit);
   const int64_t rows = plan.rows_per_unit;
   const int64_t key_block = cpu_decode ? cpu_decode_block_keys : plan.block_kv;
   const double decode_state = 4.0 * double(pr.heads_kv) * double(rows) *
                               double(pr.head_dim + cpu_decode_block_keys + pr.head_dim_v);
-  const double decode_block = double(cpu_decode_block_keys) * double(pr.heads_kv) *
-                              double(pr.head_dim + pr.head_dim_v) * dtype_bytes(pr.kv_dtype);
+  const double decode_block =
+      double(cpu_decode_block_bytes(pr.heads_kv, pr.head_dim, pr.head_dim_v, dtype_bytes(pr.kv_dtype)));
   const std::string state_level =
       decode_state <= double(hw.levels.front().size_bytes) ? hw.levels.front().name : plan.target_level;
   traffic += " the score matrix alone is " + format_bytes(s_bytes) + ", which flash attention never writes; it keeps " +
@@ -170,8 +170,7 @@ DesignOutline designOutline(const Problem& pr, const Plan& plan, const HardwareP
     // ~9.3 GB/s per core (bench/results/cpu-decode.md: one thread decoded 9.3 GB/s, two cores
     // at GQA 4 reached 72-81% of a plain read of 0.5-1 GiB caches, sixteen 95-101%).
     constexpr double kCoreStreamGbs = 16 * 64 / 110.0;
-    const double kv_bytes = double(pr.batch) * double(pr.heads_kv) * double(pr.seqlen_k) *
-                            double(pr.head_dim + pr.head_dim_v) * dtype_bytes(pr.kv_dtype);
+    const double kv_bytes = double(pr.batch * pr.heads_kv) * kv_head;
     const double bw = hw.dram().bandwidth_gbs;
     std::string fm = "Decode does " + fmt("%.3g", forward_flops(pr) / std::max(1.0, kv_bytes)) +
                      " FLOP per byte of K/V, so it is bound by " + hw.dram().name + " bandwidth, and it relies on two " +

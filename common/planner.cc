@@ -166,7 +166,7 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
   // Decode rows (cpu_decode_max_rows) run one task per (sequence, split) over all kv heads, so
   // only the batch counts toward filling the cores, and the splits are cut in the decode's own
   // 32-key blocks (never block_kv's, which only the packed path uses).
-  const bool decode = plan.rows_per_unit > 0 && plan.rows_per_unit <= cpu_decode_max_rows;
+  const bool decode = cpu_decode_mode(plan.rows_per_unit);
   const int64_t tasks = decode ? pr.batch : plan.units * q_blocks;
   plan.kv_splits = split_keys(tasks, cores, pr.seqlen_k,
                               decode ? pr.seqlen_k / cpu_decode_min_split_keys : most_block_splits(pr.seqlen_k, bkv));
@@ -176,8 +176,8 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
 
   // Decode mode never runs the packed blocks sized above (they serve calls with more query rows
   // per kv head); the plan keeps them and says what decode streams instead.
-  const int64_t decode_block_bytes = int64_t(cpu_decode_block_keys) * pr.heads_kv * (pr.head_dim + pr.head_dim_v) *
-                                     int64_t(dtype_bytes(pr.kv_dtype));
+  const int64_t decode_block_bytes =
+      cpu_decode_block_bytes(pr.heads_kv, pr.head_dim, pr.head_dim_v, dtype_bytes(pr.kv_dtype));
   plan.rationale = (decode ? "decode: one task per sequence and key split reads K/V straight from the cache in " +
                                  std::to_string(cpu_decode_block_keys) + "-key blocks over all " +
                                  std::to_string(pr.heads_kv) + " kv heads (" + kib(decode_block_bytes) +

@@ -933,7 +933,7 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   const double tiles = units * double(w.q_blocks);
   const bool head_mode = plan.kv_splits <= 1 && tiles >= 2 * units && (workers == 1 || units >= 2 * workers) &&
                          head_copy <= double(int64_t(64) << 20);
-  const bool decode = plan.rows_per_unit > 0 && plan.rows_per_unit <= cpu_decode_max_rows;
+  const bool decode = cpu_decode_mode(plan.rows_per_unit);
   double prev_flash_kv = kv_streamed, prev_std_kv = kv_std_per_qhead;
   double best_share = 0;  // the largest per-worker share of the levels inside the current boundary
   for (size_t b = 0; b + 1 < hw.levels.size(); ++b) {

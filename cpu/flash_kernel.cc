@@ -1338,10 +1338,10 @@ void DecodeTask(const AttnParams& p, const Geometry& g, int64_t b, int64_t split
   // The visible keys [u0, u1) are cut into splits of whole softmax blocks, as even as blocks
   // allow: a split's time is its share of the keys and the call waits for the longest (block_kv's
   // 1008-key units, which only the packed path uses, had cut one 4096-key sequence 1072 / 3024).
-  const int64_t blocks = nb > 0 ? (u1 - u0 + kDecodeKeys - 1) / kDecodeKeys : 0;
-  const int64_t kb = nb > 0 ? u0 + split * blocks / g.splits * kDecodeKeys : 0;
-  const int64_t ke = nb > 0 ? std::min(u1, u0 + (split + 1) * blocks / g.splits * kDecodeKeys) : 0;
-  if (kb < ke) {
+  const int64_t blocks = u1 > u0 ? (u1 - u0 + kDecodeKeys - 1) / kDecodeKeys : 0;
+  const int64_t kb = u0 + split * blocks / g.splits * kDecodeKeys;
+  const int64_t ke = std::min(u1, u0 + (split + 1) * blocks / g.splits * kDecodeKeys);
+  if (blocks > 0 && kb < ke) {
     switch (p.kv_dtype) {
       case DType::f16: DecodeRange<hwy::float16_t>(p, g, b, t0.seq, t0.rows, kb, ke, ws); break;
       case DType::bf16: DecodeRange<hwy::bfloat16_t>(p, g, b, t0.seq, t0.rows, kb, ke, ws); break;
