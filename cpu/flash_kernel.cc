@@ -869,15 +869,21 @@ void DecodeQ(const float* row, int64_t r, int64_t D, float* qt) {
 struct LineQueue {
   const char* const* rows;
   int64_t nrows, row_bytes, per_step;
-  int64_t row = 0, byte = 0;
+  // The line being issued and the end of its row, as integers (the last step may pass the
+  // cache's end): a compare and an add per line, each row's pointer read once. Hot decode
+  // (1 thread, L2-resident, f16, G = 1) 62 -> 56.6 cycles per key and kv head on the EPYC VM
+  // against a row index and byte count re-adding rows[row] per line; G = 4 unchanged.
+  int64_t row = 0;
+  uintptr_t at = 0, stop = 0;
   HWY_INLINE void Issue() {
-    for (int64_t n = 0; n < per_step && row < nrows; ++n) {
-      __builtin_prefetch(rows[row] + byte, 0, 1);
-      byte += 64;
-      if (byte >= row_bytes) {
-        byte = 0;
-        ++row;
+    for (int64_t n = 0; n < per_step; ++n) {
+      if (at >= stop) {
+        if (row == nrows) return;
+        at = reinterpret_cast<uintptr_t>(rows[row++]);
+        stop = at + uintptr_t(row_bytes);
       }
+      __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 1);
+      at += 64;
     }
   }
 };
