@@ -5,6 +5,11 @@
 // start (of_dram%, bench/lib). model_MiB is the traffic model's DRAM bytes for the call on the
 // detected host; of_model% the time those bytes take at the paired read's rate over the measured
 // time (100% = the kernel moves only what the model says, as fast as a plain read).
+// fma_GB/s is the K/V rate at which the call's arithmetic (2 flops per multiply-add, Q K^T and
+// P V: 4 B Hq Sk D flops) would run at the FMA peak measured once at the start; of_bound% divides
+// GB/s by the lower of it and the paired read. Where fma_GB/s is under the read (few cores, GQA
+// 4, a core with one 256-bit FMA per cycle), no kernel reaches the read, and of_bound% says how
+// close this one comes to what the machine allows.
 //
 //   bench_decode --benchmark_filter='ceiling|B:8'
 //
@@ -76,6 +81,19 @@ double dram_read_gbs(int threads) {
   return cached[threads];
 }
 
+double fma_peak_gflops(int threads) {
+  static double cached[64] = {};
+  if (cached[threads] == 0) cached[threads] = ioattn::peers::measure_fma_peak(threads);
+  return cached[threads];
+}
+
+void BM_FmaPeak(benchmark::State& state) {
+  const int threads = int(state.range(0));
+  double gflops = 0;
+  for (auto _ : state) gflops = fma_peak_gflops(threads);
+  state.counters["GFLOP/s"] = gflops;
+}
+
 void BM_ReadBandwidth(benchmark::State& state) {
   const int threads = int(state.range(0));
   double gbs = 0;
@@ -124,6 +142,10 @@ void BM_Decode(benchmark::State& state, ioattn::DType cache_dtype) {
   state.counters["of_read%"] = 100.0 * ratios[ratios.size() / 2];
   state.counters["dram_GB/s"] = dram;
   state.counters["of_dram%"] = 100.0 * gbs / dram;
+  const double flops = 4.0 * double(d.batch * state.range(3) * d.keys * kDim);
+  const double fma_gbs = fma_peak_gflops(threads) * d.kv_bytes() / flops;
+  state.counters["fma_GB/s"] = fma_gbs;
+  state.counters["of_bound%"] = 100.0 * gbs / std::min(read_gbs, fma_gbs);
   // The traffic model's DRAM bytes for this call on the detected host with the plan the call
   // runs (K/V once, plus q, out and the split partials), and the time they would take at the
   // paired read's rate against the measured time: how far the kernel is from the model's floor.
@@ -139,7 +161,8 @@ void BM_Decode(benchmark::State& state, ioattn::DType cache_dtype) {
   const double model = ioattn::predict_traffic(pr, ioattn::plan_cpu(pr, host, threads), host).flash_dram_bytes;
   state.counters["model_MiB"] = model / double(1 << 20);
   state.counters["of_model%"] = 100.0 * (model / (read_gbs * 1e9)) / (total / double(state.iterations()));
-  state.SetLabel(std::string(ioattn::dtype_name(cache_dtype)) + " cache, f32 q");
+  state.SetLabel(std::string(ioattn::dtype_name(cache_dtype)) + " cache, f32 q, " +
+                 (fma_gbs < read_gbs ? "fma-bound" : "read-bound"));
 }
 
 void DecodeArgs(benchmark::internal::Benchmark* b) {
@@ -161,6 +184,7 @@ void GroupArgs(benchmark::internal::Benchmark* b) {
 }  // namespace
 
 BENCHMARK(BM_ReadBandwidth)->Name("ceiling/dram_read")->Arg(ioattn::cpu::default_threads())->ArgName("threads")->Iterations(1);
+BENCHMARK(BM_FmaPeak)->Name("ceiling/fma_peak")->Arg(ioattn::cpu::default_threads())->ArgName("threads")->Iterations(1);
 BENCHMARK_CAPTURE(BM_Decode, f16, ioattn::DType::f16)->Apply(DecodeArgs);
 BENCHMARK_CAPTURE(BM_Decode, bf16, ioattn::DType::bf16)->Apply(DecodeArgs);
 BENCHMARK_CAPTURE(BM_Decode, f16_groups, ioattn::DType::f16)->Apply(GroupArgs);
