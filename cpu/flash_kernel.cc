@@ -442,9 +442,13 @@ HWY_INLINE VF Exp2NonPositive(DF df, VF d) {
   const __mmask16 keep = _mm512_cmp_ps_mask(d.raw, _mm512_set1_ps(-125.f), _CMP_NLT_UQ);
   return VF{_mm512_maskz_scalef_ps(keep, p.raw, n.raw)};
 #else
+  // 2^n is built as a float and multiplied in, not added into p's exponent field: a NaN d
+  // converts to an arbitrary integer (x86 saturates +NaN to INT_MAX), and adding that to p's
+  // bits can make a finite number, while NaN times any 2^n stays NaN. Exact, so the same bits
+  // as the exponent add for d >= -125 (n + 127 >= 2 is a normal exponent); one integer add more.
   const hn::RebindToSigned<DF> di;
-  const auto bits = hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(hn::ConvertTo(di, n)));
-  return hn::IfThenZeroElse(hn::Lt(d, hn::Set(df, -125.f)), hn::BitCast(df, bits));
+  const auto pow2n = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127))));
+  return hn::IfThenZeroElse(hn::Lt(d, hn::Set(df, -125.f)), hn::Mul(p, pow2n));
 #endif
 }
 

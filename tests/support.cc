@@ -104,7 +104,7 @@ std::string AttnCase::describe() const {
     << " D=" << head_dim << " Dv=" << dv() << " dtype=" << dtype_name(dtype) << " causal=" << causal
     << " window=(" << window_left << "," << window_right << ") softcap=" << softcap << " scale=" << scale
     << " threads=" << threads << " tiling=(" << tiling.block_q << "," << tiling.block_kv << "," << tiling.kv_splits
-    << ")";
+    << ") plan=" << (tiling.profile ? tiling.profile->name : "host");
   return o.str();
 }
 
@@ -330,6 +330,16 @@ HardwareProfile profile(const std::string& name) {
   std::string error;
   REQUIRE(find_profile(name, &hw, &error));
   return hw;
+}
+
+const std::vector<HardwareProfile>& cpu_profiles() {
+  static const std::vector<HardwareProfile> cpus = [] {
+    std::vector<HardwareProfile> v;
+    for (const HardwareProfile& hw : builtin_profiles())
+      if (hw.kind == DeviceKind::cpu) v.push_back(hw);
+    return v;
+  }();
+  return cpus;
 }
 
 Problem make_problem(int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d, DType t, int64_t batch) {

@@ -176,6 +176,10 @@ SequenceOracle reference_sequence(const std::vector<float>& q, const std::vector
 // traffic).
 HardwareProfile profile(const std::string& name);
 
+// Every built-in CPU profile (common/profiles.json): the kernel tests force each one's plan
+// through TilingOverride::profile, so a cache geometry nobody here owns still runs its blocks.
+const std::vector<HardwareProfile>& cpu_profiles();
+
 // A Problem for the model tests: Hq, Hkv, Sq, Sk, D (= Dv), one dtype for q/out and k/v, batch.
 Problem make_problem(int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d, DType t = DType::f32,
                      int64_t batch = 1);

@@ -36,6 +36,107 @@ void check_case(const AttnCase& c, uint32_t seed, float stddev = 1.f) {
   CHECK(v.ok);
 }
 
+// NaN in one Q, K or V row, +inf or -inf in one K row: the output is NaN exactly where the
+// oracle has it, and NaN reaches exactly the rows that read the poisoned row. Causal with
+// block_kv = 16 puts key 21 inside a block that straddles the diagonal, so rows 0..20 share the
+// block with it but must not see it: 0 * NaN must not happen. Non-causal runs the unmasked
+// panels, whose block max comes from the score tile (x86's max may drop a NaN) and whose NaN is
+// caught by the row sum instead: every row reads key 21 there, and the exponential must keep a
+// NaN of either sign. An infinite score poisons its row by the header's rules, as the oracle says.
+void check_poisoned_rows(AttnCase c) {
+  c.heads_q = 2;
+  c.heads_kv = 1;
+  c.seqlen_q = 40;
+  c.seqlen_k = 40;
+  c.head_dim = 24;
+  const float inf = std::numeric_limits<float>::infinity();
+  for (bool causal : {true, false}) {
+    c.causal = causal;
+    for (int block_kv : {16, 0}) {
+      c.tiling.block_kv = block_kv;
+      for (int which = 0; which < 6; ++which) {
+        std::mt19937 rng(11);
+        AttnBuffers bufs(c);
+        bufs.randomize(rng);
+        const char* what[] = {"NaN in Q", "NaN in K", "NaN in V", "+inf in K", "-inf in K", "-NaN in K"};
+        if (which == 0) bufs.q.set(0, 21, 1, 3, kNaN);
+        if (which == 1) bufs.k.set(0, 21, 0, 3, kNaN);
+        if (which == 2) bufs.v.set(0, 21, 0, 3, kNaN);
+        if (which == 3) bufs.k.set(0, 21, 0, 3, inf);
+        if (which == 4) bufs.k.set(0, 21, 0, 3, -inf);
+        if (which == 5) bufs.k.set(0, 21, 0, 3, -kNaN);
+        const ioattn::test::Verdict v = run_filled(c, bufs);
+        INFO(c.describe() << ", " << what[which] << ": " << v.report());
+        CHECK(v.ok);  // NaN exactly where the oracle has it
+        if (which == 3 || which == 4) continue;
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < 40; ++i) {
+          const bool reads = which == 0 ? i == 21 : (!causal || i >= 21);
+          for (int64_t h = 0; h < 2; ++h) {
+            const bool poisoned = reads && (which != 0 || h == 1);
+            wrong += std::isnan(bufs.out.get(0, i, h, which == 2 ? 3 : 0)) != poisoned;
+          }
+        }
+        CHECK(wrong == 0);
+      }
+    }
+  }
+}
+
+// Decode, split-key, GQA and unmasked shapes: the decode path's own softmax, the split merge, the
+// packed tiles' masked and unmasked panels, with NaN of either sign in one K row and one V row
+// of a kv head, and rows that see no key (out 0, lse -inf).
+void check_poisoned_shapes(AttnCase c) {
+  struct Shape {
+    int64_t hq, hkv, sq, sk, d, dv;
+    bool causal;
+    int64_t left, right;
+  };
+  const Shape shapes[] = {{8, 2, 1, 300, 64, 64, false, -1, -1},  {8, 2, 2, 517, 40, 24, true, -1, -1},
+                          {4, 2, 60, 20, 7, 7, false, -1, -1},    {4, 2, 60, 20, 7, 7, false, -1, 0},
+                          {4, 2, 37, 53, 48, 48, false, 2, 3},    {1, 1, 9, 2100, 32, 32, false, -1, -1},
+                          {1, 1, 9, 2100, 32, 32, false, 40, 2},  {4, 1, 130, 130, 16, 72, true, 5, -1},
+                          {2, 1, 40, 9, 16, 16, true, -1, -1}};
+  for (const Shape& s : shapes) {
+    c.heads_q = s.hq;
+    c.heads_kv = s.hkv;
+    c.seqlen_q = s.sq;
+    c.seqlen_k = s.sk;
+    c.head_dim = s.d;
+    c.head_dim_v = s.dv;
+    c.causal = s.causal;
+    c.window_left = s.left;
+    c.window_right = s.right;
+    for (float poison : {kNaN, -kNaN}) {
+      std::mt19937 rng(uint32_t(s.sk * 7 + s.sq));
+      AttnBuffers bufs(c);
+      bufs.randomize(rng);
+      bufs.k.set(0, s.sk / 3, s.hkv - 1, s.d - 1, poison);
+      bufs.v.set(0, s.sk - 1, 0, 0, poison);
+      const ioattn::test::Verdict v = run_filled(c, bufs);
+      INFO(c.describe() << ": " << v.report());
+      CHECK(v.ok);
+    }
+  }
+}
+
+template <class Check>
+void on_every_target_and_plan(Check check) {
+  for (int64_t target : ioattn::test::compiled_targets()) {
+    ioattn::test::TargetScope scope(target);
+    std::vector<const ioattn::HardwareProfile*> plans = {nullptr};  // the host's own plan first
+    for (const ioattn::HardwareProfile& hw : ioattn::test::cpu_profiles()) plans.push_back(&hw);
+    for (const ioattn::HardwareProfile* hw : plans)
+      for (int threads : {1, 2}) {
+        INFO("target " << ioattn::test::target_name(target));
+        AttnCase c;
+        c.tiling.profile = hw;
+        c.threads = threads;
+        check(c);
+      }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("causal with Sq > Sk: the top rows see nothing, out 0 and lse -inf exactly", "[cpu][edge]") {
@@ -186,45 +287,14 @@ TEST_CASE("adversarial magnitudes", "[cpu][edge]") {
   }
 }
 
-TEST_CASE("NaN in one Q, K or V row reaches exactly the rows that read it", "[cpu][edge]") {
-  // Causal with block_kv = 16 puts key 21 inside a block that straddles the diagonal, so rows
-  // 0..20 share the block with it but must not see it: 0 * NaN must not happen. Non-causal runs
-  // the unmasked panels, whose block max comes from the score tile (x86's max may drop a NaN) and
-  // whose NaN is caught by the row sum instead: every row reads key 21 there. which = 3 puts +inf
-  // in K: a +inf score poisons its row by the header's rules, as the oracle says.
-  AttnCase c;
-  c.heads_q = 2;
-  c.heads_kv = 1;
-  c.seqlen_q = 40;
-  c.seqlen_k = 40;
-  c.head_dim = 24;
-  for (bool causal : {true, false}) {
-    c.causal = causal;
-    for (int64_t block_kv : {16, 0}) {
-      for (int which = 0; which < 4; ++which) {
-        c.tiling.block_kv = int(block_kv);
-        std::mt19937 rng(11);
-        AttnBuffers bufs(c);
-        bufs.randomize(rng);
-        if (which == 0) bufs.q.set(0, 21, 1, 3, kNaN);
-        if (which == 1) bufs.k.set(0, 21, 0, 3, kNaN);
-        if (which == 2) bufs.v.set(0, 21, 0, 3, kNaN);
-        if (which == 3) bufs.k.set(0, 21, 0, 3, std::numeric_limits<float>::infinity());
-        const ioattn::test::Verdict v = run_filled(c, bufs);
-        INFO("causal " << causal << ", " << (which == 3 ? "+inf in K" : "NaN in ") << (which < 3 ? "QKV"[which] : ' ')
-                       << ", block_kv " << block_kv << ": " << v.report());
-        CHECK(v.ok);  // NaN exactly where the oracle has it
-        if (which == 3) continue;
-        for (int64_t i = 0; i < 40; ++i) {
-          const bool reads = which == 0 ? i == 21 : (!causal || i >= 21);
-          for (int64_t h = 0; h < 2; ++h) {
-            const bool poisoned = reads && (which != 0 || h == 1);
-            CHECK(std::isnan(bufs.out.get(0, i, h, which == 2 ? 3 : 0)) == poisoned);
-          }
-        }
-      }
-    }
-  }
+TEST_CASE("NaN in one Q, K or V row reaches exactly the rows that read it, on every target and plan",
+          "[cpu][edge][nan]") {
+  on_every_target_and_plan(check_poisoned_rows);
+}
+
+TEST_CASE("NaN in K and V under decode, split, GQA and masked shapes, on every target and plan",
+          "[cpu][edge][nan]") {
+  on_every_target_and_plan(check_poisoned_shapes);
 }
 
 TEST_CASE("out of memory is reported before any output is written", "[cpu][edge]") {
