@@ -48,6 +48,13 @@ constexpr CpuRegisterTile cpu_pv_register_tile(int simd_bits) {
 // +-5%: rounding either block to the panel's 48 rows or the score step's 8 keys gains nothing
 // measurable, and block_kv below 96 loses (more per-block softmax and rescale work).
 
+// Keys per partial sum of P V and of the row sum l: a partial starts from zero, takes up to this
+// many terms at its own magnitude, then adds into the running totals once. Summing every key
+// straight into O rounds each small term at the ulp of the row's total, an error growing with
+// sqrt(keys) once one large score dominates a row (5-10x a blocked f32 sum at 513 keys); in
+// partials of 32 the extra cost is one add per accumulator per 32 FMAs.
+constexpr int cpu_sum_chunk_keys = 32;
+
 // Decode: when a sequence's query rows (G heads x Sq positions) number at most this many, the
 // kernel streams K/V straight from the cache, one task per (sequence, key split) over all kv
 // heads (cpu/flash_kernel.cc, DecodeRange); the planner then splits the key axis to give the

@@ -109,7 +109,9 @@ DesignOutline designOutline(const Problem& pr, const Plan& plan, const HardwareP
       "over its visible keys, so every exponent is exp(s - m) <= 1 and cannot overflow, however large the " +
       std::string(dtype_name(pr.dtype)) + " inputs (up to " + dtype_range(pr.dtype) + "); inputs are widened to fp32 " +
       "before the dot products, and the row sum l and the O accumulator stay in fp32 over all " + num(pr.seqlen_k) +
-      " keys; when the max grows, O and l are rescaled by exp(m_old - m_new) at most once per key block (" +
+      " keys" + (gpu ? std::string() : " (summed in partials of " + num(cpu_sum_chunk_keys) +
+      " keys added to the totals, so rounding grows with keys / " + num(cpu_sum_chunk_keys) +
+      ", not with keys, when one large score dominates a row)") + "; when the max grows, O and l are rescaled by exp(m_old - m_new) at most once per key block (" +
       num(kv_blocks) + " blocks of " + num(key_block) + "), and O is divided by l once at the end" +
       (plan.kv_splits > 1 ? "; the " + num(plan.kv_splits) + " key splits merge their (O, m, l) partials with the same rescaling" : "") +
       "; a row with no visible key gives 0 and lse -inf, never NaN.";

@@ -9,7 +9,7 @@ namespace ioattn {
 template <class T>
 void naive_attention(const AttnParams& p, T* out, T* lse) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  std::vector<T> scores;
+  std::vector<T> scores, terms;
   for (int64_t b = 0; b < p.batch; ++b) {
     const SeqSpan s = sequence(p, b);
     for (int64_t h = 0; h < p.heads_q; ++h) {
@@ -41,17 +41,23 @@ void naive_attention(const AttnParams& p, T* out, T* lse) {
         // A row whose visible scores are all -inf (softcap cannot produce that, huge negative
         // scale times inf input can) has no finite max; treat it like the kernels do.
         const T shift = row_max == neg_inf ? T(0) : row_max;
-        T sum = 0;
-        std::vector<T> acc(static_cast<size_t>(p.head_dim_v), T(0));
+        // terms[j] = (weight, weight * v_j), summed over the keys as a pairwise tree, as BLAS-
+        // and numpy-style code sums: its rounding grows with log(keys), not with keys, so
+        // "2 x the naive error" compares a kernel with a careful f32 implementation.
+        const size_t n = size_t(keys.end - keys.begin), w = size_t(p.head_dim_v) + 1;
+        terms.assign(n * w, T(0));
         for (int64_t j = keys.begin; j < keys.end; ++j) {
-          const T weight = std::exp(scores[size_t(j - keys.begin)] - shift);
-          sum += weight;
+          T* t = terms.data() + size_t(j - keys.begin) * w;
+          t[0] = std::exp(scores[size_t(j - keys.begin)] - shift);
           const int64_t vo = v_offset(p, b, s, j, hk);
-          for (int64_t c = 0; c < p.head_dim_v; ++c)
-            acc[size_t(c)] += weight * T(load_as_f32(p.v, vo + c, p.kv_dtype));
+          for (int64_t c = 0; c < p.head_dim_v; ++c) t[c + 1] = t[0] * T(load_as_f32(p.v, vo + c, p.kv_dtype));
         }
+        for (size_t stride = 1; stride < n; stride *= 2)
+          for (size_t j = 0; j + stride < n; j += 2 * stride)
+            for (size_t c = 0; c < w; ++c) terms[j * w + c] += terms[(j + stride) * w + c];
+        const T sum = terms[0];
         const T inv = sum == T(0) ? T(0) : T(1) / sum;
-        for (int64_t c = 0; c < p.head_dim_v; ++c) out[oo + c] = acc[size_t(c)] * inv;
+        for (int64_t c = 0; c < p.head_dim_v; ++c) out[oo + c] = terms[size_t(c) + 1] * inv;
         if (lse) lse[lse_offset(p, b, s, i, h)] = sum == T(0) ? neg_inf : shift + std::log(sum);
       }
     }

@@ -49,11 +49,13 @@
 // Error contract. Accumulation is fp32 FMA throughout. The softmax runs in the log2 domain of
 // common/online_softmax.h: exponentials are Exp2NonPositive (~1.2 ULP, flushing below 2^-125,
 // see there), scalar rescale and merge factors std::exp2 through the header's rules, and the
-// LSE converts back to the natural log. Softcap uses hwy::Tanh (max error 4 ULP). Scores are
-// dot * (scale * log2 e) in that order, stored, and both the max and exp's argument read the
-// stored value (no fused x * scale - max, the NaN of pytorch issue 121558); NaN scores are
-// detected explicitly and carried through the running max. The result is within the
-// FlashAttention-2 tolerance rule of docs/TESTING.md against the fp64 reference.
+// LSE converts back to the natural log. P V and the row sum l add up partials of
+// cpu_sum_chunk_keys keys, so their rounding grows with keys / 32, as a blocked f32 sum's does.
+// Softcap uses hwy::Tanh (max error 4 ULP). Scores are dot * (scale * log2 e) in that order,
+// stored, and both the max and exp's argument read the stored value (no fused x * scale - max,
+// the NaN of pytorch issue 121558); NaN scores are detected explicitly and carried through the
+// running max. The result is within the FlashAttention-2 tolerance rule of docs/testing.md
+// against the fp64 reference.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/flash_kernel.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -100,6 +102,8 @@ constexpr int64_t kPanelRows = 48;
 static_assert(kPanelRows % (kTile.vecs * kLanes) == 0, "panel not a whole score tile");
 static_assert(kPanelRows % kPvTile.rows == 0, "panel not a whole PV tile");
 
+constexpr int64_t kSumChunk = cpu_sum_chunk_keys;
+
 constexpr int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 constexpr size_t AlignBytes(size_t x) { return (x + 63) / 64 * 64; }
 
@@ -116,6 +120,7 @@ constexpr size_t AlignBytes(size_t x) { return (x + 63) / 64 * 64; }
 // paired read against 64-78% for 16).
 constexpr int64_t kDecodeRows = cpu_decode_max_rows;
 constexpr int64_t kDecodeKeys = cpu_decode_block_keys;
+static_assert(kDecodeKeys <= kSumChunk, "decode's P V sums one block from zero, so a block is one partial sum");
 // Score rows are kDecodeStride floats apart: whole vectors, so the softmax loads past the
 // block's last key (and masks) instead of running a scalar tail.
 constexpr int64_t kDecodeStride = RoundUp(kDecodeKeys, kLanes);
@@ -178,30 +183,38 @@ void ScoreTile(const float* kp, const float* qt, int64_t D, float* st, int64_t m
 // KiB at 1040 x 128), and the 24 accumulators' loads waited on it at the start of every call,
 // 9% of this kernel's samples at D = 128 (block_kv = 96: 1152 FMA cycles per call), while a
 // call is long enough for the next one's 24 lines to arrive.
+// The keys are summed in partials of kSumChunk from zero in the registers, each then added to O
+// (common/cpu_tiles.h, cpu_sum_chunk_keys, says why).
 template <int R, int C>
 void PvTile(const float* p, int64_t mp, const float* vp, int64_t n, float* o, int64_t dvp, const float* o_next) {
   const DF df;
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) __builtin_prefetch(o_next + r * dvp + c * kLanes, 1, 3);
-  VF acc[R][C];
+  for (int64_t j0 = 0; j0 < n; j0 += kSumChunk) {
+    VF acc[R][C];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = hn::Load(df, o + r * dvp + c * kLanes);
-  for (int64_t j = 0; j < n; ++j) {
-    VF vv[C];
-    const float* v = vp + j * kPanelCols;
-    for (int c = 0; c < C; ++c) vv[c] = hn::Load(df, v + c * kLanes);
-    const float* pj = p + j * mp;
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) acc[r][c] = hn::Zero(df);
+    const int64_t j1 = std::min(n, j0 + kSumChunk);
+    for (int64_t j = j0; j < j1; ++j) {
+      VF vv[C];
+      const float* v = vp + j * kPanelCols;
+      for (int c = 0; c < C; ++c) vv[c] = hn::Load(df, v + c * kLanes);
+      const float* pj = p + j * mp;
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const VF pb = hn::Set(df, pj[r]);
-      for (int c = 0; c < C; ++c) acc[r][c] = hn::MulAdd(pb, vv[c], acc[r][c]);
+      for (int r = 0; r < R; ++r) {
+        const VF pb = hn::Set(df, pj[r]);
+        for (int c = 0; c < C; ++c) acc[r][c] = hn::MulAdd(pb, vv[c], acc[r][c]);
+      }
     }
-  }
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) hn::Store(acc[r][c], df, o + r * dvp + c * kLanes);
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) {
+        float* oc = o + r * dvp + c * kLanes;
+        hn::Store(hn::Add(hn::Load(df, oc), acc[r][c]), df, oc);
+      }
+  }
 }
 
 // One row, keys [j0, j1), C vectors from vector v0 of the row. p: this row's P^T column (stride
@@ -210,17 +223,17 @@ template <int C>
 void RowPvChunk(const float* p, int64_t mp, const float* vpack, int64_t vstride, int64_t j0, int64_t j1,
                 int64_t v0, float* o) {
   const DF df;
-  VF acc[C];
   const float* vbase[C];
-  for (int c = 0; c < C; ++c) {
-    acc[c] = hn::Load(df, o + c * kLanes);
-    vbase[c] = vpack + (v0 + c) / kPvTile.vecs * vstride + (v0 + c) % kPvTile.vecs * kLanes;
+  for (int c = 0; c < C; ++c) vbase[c] = vpack + (v0 + c) / kPvTile.vecs * vstride + (v0 + c) % kPvTile.vecs * kLanes;
+  for (int64_t k0 = j0; k0 < j1; k0 += kSumChunk) {
+    VF acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = hn::Zero(df);
+    for (int64_t j = k0; j < std::min(j1, k0 + kSumChunk); ++j) {
+      const VF pb = hn::Set(df, p[j * mp]);
+      for (int c = 0; c < C; ++c) acc[c] = hn::MulAdd(pb, hn::Load(df, vbase[c] + j * kPanelCols), acc[c]);
+    }
+    for (int c = 0; c < C; ++c) hn::Store(hn::Add(hn::Load(df, o + c * kLanes), acc[c]), df, o + c * kLanes);
   }
-  for (int64_t j = j0; j < j1; ++j) {
-    const VF pb = hn::Set(df, p[j * mp]);
-    for (int c = 0; c < C; ++c) acc[c] = hn::MulAdd(pb, hn::Load(df, vbase[c] + j * kPanelCols), acc[c]);
-  }
-  for (int c = 0; c < C; ++c) hn::Store(acc[c], df, o + c * kLanes);
 }
 
 using ScoreFn = void (*)(const float*, const float*, int64_t, float*, int64_t, float, float*);
@@ -511,10 +524,14 @@ void SoftmaxBlock(const Panel& pn, int64_t kb, int64_t ke, float softcap, const 
     const VF mref = hn::Load(df, w.mref + r0);
     VF sum = hn::Zero(df);
     float* sp = st + kb * mp + (r0 - row0);
-    for (int64_t j = kb; j < ke; ++j, sp += mp) {
-      const VF pj = Exp2NonPositive(df, hn::Sub(hn::Load(df, sp), mref));
-      hn::Store(pj, df, sp);
-      sum = hn::Add(sum, pj);
+    for (int64_t j0 = kb; j0 < ke; j0 += kSumChunk) {
+      VF part = hn::Zero(df);
+      for (int64_t j = j0; j < std::min(ke, j0 + kSumChunk); ++j, sp += mp) {
+        const VF pj = Exp2NonPositive(df, hn::Sub(hn::Load(df, sp), mref));
+        hn::Store(pj, df, sp);
+        part = hn::Add(part, pj);
+      }
+      sum = hn::Add(sum, part);
     }
     VF alpha = hn::Load(df, w.alpha + r0);
     if (kMaxDone) {
@@ -1023,7 +1040,7 @@ void DecodePv(const void* const* vrows, int64_t a, int64_t e, const float* p, in
   LineQueue lq = pq;
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = hn::Load(df, o + r * dvp + col + c * kLanes);
+    for (int c = 0; c < C; ++c) acc[r][c] = hn::Zero(df);
   for (int64_t j = a; j < e; ++j) {
     lq.Issue();
     const T* v = static_cast<const T*>(vrows[j]) + col;
@@ -1039,7 +1056,10 @@ void DecodePv(const void* const* vrows, int64_t a, int64_t e, const float* p, in
   pq = lq;
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) hn::Store(acc[r][c], df, o + r * dvp + col + c * kLanes);
+    for (int c = 0; c < C; ++c) {
+      float* oc = o + r * dvp + col + c * kLanes;
+      hn::Store(hn::Add(hn::Load(df, oc), acc[r][c]), df, oc);
+    }
 }
 
 template <class T, int C>
@@ -1066,9 +1086,11 @@ void DecodePvRange(const Geometry& g, int R, int64_t r0, int64_t a, int64_t e, c
     DecodePvRows<T, kDecodeColVecs>(R, w.vrows, a, e, p, col, o, g.Dvp, pq);
   for (; col < full; col += kLanes) DecodePvRows<T, 1>(R, w.vrows, a, e, p, col, o, g.Dvp, pq);
   for (; col < g.Dv; ++col)
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t j = a; j < e; ++j)
-        o[r * g.Dvp + col] += p[r * kDecodeStride + j] * load_as_f32(w.vrows[j], col, kDTypeOf<T>);
+    for (int64_t r = 0; r < R; ++r) {
+      float part = 0.f;
+      for (int64_t j = a; j < e; ++j) part += p[r * kDecodeStride + j] * load_as_f32(w.vrows[j], col, kDTypeOf<T>);
+      o[r * g.Dvp + col] += part;
+    }
 }
 
 // One decode task: keys [kb, ke) of sequence b (its split's whole key range) for ALL kv heads,

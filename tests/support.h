@@ -1,6 +1,6 @@
 // The shared test harness: strided tensors in any storage dtype with NaN-filled padding and
 // guard bytes, an attention case builder (AttnParams and the C ABI's ioattn_tensor from the same
-// buffers), and the FlashAttention-2 tolerance rule of docs/TESTING.md against the fp64 oracle.
+// buffers), and the FlashAttention-2 tolerance rule of docs/testing.md against the fp64 oracle.
 // Owned by the CPU-kernel work; others may add functions at the end.
 #pragma once
 
@@ -113,7 +113,7 @@ Status run_cpu_kernel(const AttnCase& c, AttnBuffers& bufs);
 ioattn_status run_c_abi(const AttnCase& c, AttnBuffers& bufs);
 
 // The FlashAttention-2 rule: max|out - ref64| <= 2 * max|naive_same_dtype - ref64| + floor, with
-// naive_same_dtype = naive_attention<float> rounded to the storage dtype, and floor two ulp of the
+// naive_same_dtype = naive_attention<float> (pairwise sums over the keys) rounded to the storage dtype, and floor two ulp of the
 // output's magnitude in the storage dtype. NaN must appear exactly where the oracle has NaN;
 // infinities must match. LSE is checked separately (fp32 storage), -inf exactly.
 struct Verdict {
