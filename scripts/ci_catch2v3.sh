@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
-build=build-catch2v3
+build="build-catch2v3"
 deps="$PWD/$build/deps"
 step() { printf '\n==== %s ====\n' "$*"; }
 
@@ -16,7 +16,8 @@ step "Catch2 3 (Debian 12 backports): every test"
 if [[ ! -f "$deps/usr/lib/cmake/Catch2/Catch2Config.cmake" ]]; then
   # The backports suite lives on the mirror the host already uses for Debian itself.
   # shellcheck disable=SC2016 # apt's own $(FIELD) placeholders
-  mirror=$(apt-get indextargets --format '$(REPO_URI)' 'Label: Debian' "Codename: $(. /etc/os-release && echo "$VERSION_CODENAME")" | head -n 1)
+  # (--no-release-info: read from the sources themselves, so it works before any apt-get update.)
+  mirror=$(apt-get indextargets --no-release-info --format '$(REPO_URI)' 'Release: bookworm' | head -n 1)
   [[ -n "$mirror" ]] || { echo "ci_catch2v3: no Debian mirror among apt's sources" >&2; exit 1; }
   apt_dir="$PWD/$build/apt"
   mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$deps"
