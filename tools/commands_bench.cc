@@ -36,7 +36,7 @@ struct Measured {
 };
 
 // Peak memory: what an implementation holds at once, the problem's q, k, v and out plus the
-// scratch it allocates on top (docs/api.md's "peak memory"; issue 3's "memory saved" is its ratio).
+// scratch it allocates on top (docs/api.md's "peak memory"; the memory flash saves is the ratio).
 json measured_json(const Measured& m, double flops, double peak, double io_bytes) {
   return {{"seconds", m.seconds},
           {"gflops", flops / m.seconds * 1e-9},
