@@ -6,9 +6,10 @@
 //   bench_cpu --benchmark_filter='D:128/S:4096/.*f32'        the headline shape
 //   bench_cpu --benchmark_filter='ceiling|D:64/'              peaks and D = 64
 //
-// FLOPs follow docs/ANCHORS.md: 2 * B * Hq * (visible query-key pairs) * (D + Dv), so causal
-// counts only the visible half. Problem sizes keep the work per run near B=1, H=16, S=4096:
-// H = 16 * (4096 / S)^2, at most 16 and at least 1.
+// FLOPs follow the FlashAttention papers (bench/results/reference-figures.md):
+// 2 * B * Hq * (visible query-key pairs) * (D + Dv), so causal counts only the visible half.
+// Problem sizes keep the work per run near B=1, H=16, S=4096: H = 16 * (4096 / S)^2, at most 16
+// and at least 1.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>

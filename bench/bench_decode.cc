@@ -13,7 +13,7 @@
 //
 //   bench_decode --benchmark_filter='ceiling|B:8'
 //
-// Shapes follow issue 5: Hq = 32 query heads over Hkv = 8 KV heads (GQA 4), D = 128, f32 q/out
+// Shapes: a GQA decoder's, Hq = 32 query heads over Hkv = 8 KV heads (GQA 4), D = 128, f32 q/out
 // (edge decoders keep activations in f32) over f16 or bf16 caches of 4k..32k tokens; f16_groups
 // reads one 1 GiB f16 cache with Hq = 8, 16 and 32 (G = 1, 2, 4).
 #include <benchmark/benchmark.h>

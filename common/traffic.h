@@ -93,8 +93,9 @@ struct TrafficOptions {
 StandardPasses cpu_baseline_passes();
 
 // PyTorch's unfused MATH path on CUDA (f16/bf16 upcast to fp32, softmax, the _safe_softmax
-// masking passes): calibrated on ANCHORS.md's three Nsight Compute measurements, which show
-// 5.36-5.5 reads and 3.7-3.8 writes of an fp32 S; see docs/model.md.
+// masking passes): calibrated on the three Nsight Compute measurements of
+// bench/results/reference-figures.md, which show 5.36-5.5 reads and 3.7-3.8 writes of an fp32 S;
+// see docs/model.md.
 StandardPasses pytorch_math_passes();
 // The same with is_causal: one more pass that reads S and a broadcast fp32 mask and writes S
 // (from the kernel list of the causal Nsight Compute samples in bench/traffic/samples/gpu).

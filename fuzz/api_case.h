@@ -421,7 +421,7 @@ inline ioattn_status run(const Request& r, uint8_t* arena, int32_t num_threads) 
   return IOATTN_ERROR_BACKEND;
 }
 
-// Visible keys of query row i under API.md's rule, written from the contract text rather than
+// Visible keys of query row i under docs/api.md's rule, written from the contract text rather than
 // taken from common/masking.h, so the harness does not share a bug with the kernels.
 inline int64_t visible_count(const ioattn_options& o, int64_t i, int64_t sq, int64_t sk) {
   const int64_t diag = i + sk - sq;
@@ -599,7 +599,7 @@ inline std::string run_case(const uint8_t* data, size_t size) {
   if (r.must_fail) return "accepted a request with a NULL non-empty tensor or an overflowing shape";
   std::string failure = check_success(r, pristine.data(), arena.data());
   if (!failure.empty()) return failure;
-  // Thread count must not change a single bit (API.md); 0 asks for the library default.
+  // Thread count must not change a single bit (docs/api.md); 0 asks for the library default.
   const int32_t other = r.opt.num_threads == 1 ? 3 : 1;
   std::vector<uint8_t> again(pristine);
   const ioattn_status s2 = run(r, again.data(), other);

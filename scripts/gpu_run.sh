@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build, GPU tests, compute-sanitizer (memcheck, racecheck, synccheck)
-# over every GPU test binary, the CPU tests on that host's AVX-512 cores, and the benchmark beside
-# PyTorch's SDPA backends. Everything printed also lands in $OUT (default ./out): device.txt,
-# gpu_test.txt, sanitize.txt, cpu_test.txt, bench_ioattn.jsonl, bench_table.md, bench_peers.json.
+# One call on the GPU machine: build the whole tree there (library, CLI, every test, every
+# benchmark), the test suite through ctest against that machine's Catch2 3, GPU tests,
+# compute-sanitizer (memcheck, racecheck, synccheck) over every GPU test binary, the CPU tests on
+# that host's AVX-512 cores, and the benchmark beside PyTorch's SDPA backends. Everything printed
+# also lands in $OUT (default ./out): build.txt, device.txt, ctest.txt, gpu_test.txt, sanitize.txt,
+# cpu_test.txt, bench_ioattn.jsonl, bench_table.md, bench_peers.json.
 #
-#   scripts/gpu_run.sh                  build here (Debian packages carried in .deps/debs are
-#                                       unpacked into a prefix: Highway, nlohmann_json, OpenBLAS)
-#   IOATTN_PREBUILT=DIR scripts/gpu_run.sh
-#                                       run binaries built elsewhere: DIR holds the test binaries
-#                                       below, bench_gpu_forward and the shared libraries they need
-#   IOATTN_STEPS="test sanitize cpu bench"
-#                                       which steps to run (default: all four)
+# The build uses the Debian packages carried in .deps/debs, unpacked into a prefix (Highway,
+# nlohmann_json, OpenBLAS: that machine's Ubuntu lacks Highway), and the machine's own Catch2 3
+# and Google Benchmark. It always builds everything: Debian 12 here has Catch2 2, so this is where
+# the tests meet Catch2 3, and a run that built only named targets once hid a test tree that did
+# not compile there.
+#
+#   IOATTN_STEPS="ctest test sanitize cpu bench"
+#                                       which steps to run after the build (default: all five)
 #   IOATTN_GPU_TESTS="test_gpu_forward test_gpu_inference test_gpu_faults"
 #                                       GPU test binaries for the test and sanitize steps
 #   IOATTN_SANITIZE_TOOLS="memcheck racecheck synccheck"
@@ -19,6 +22,8 @@
 #   IOATTN_CPU_TESTS="test_cpu_forward test_cpu_edge test_cpu_decode test_inference_cpu test_cpu_threads"
 #   IOATTN_MAX_SEQLEN=16384             longest benchmark sequence
 #
+# The ctest step runs every test except those the test and cpu steps run themselves (with their
+# own logs and timings) when those steps are selected, so no test runs twice.
 # The sanitizers run only the [sanitize] cases of each binary: memcheck and racecheck multiply a
 # kernel's run time by 10-100x. test_gpu_faults fails CUDA calls on purpose, so its runs pass
 # --report-api-errors no; every other binary keeps the default, where an API error is a finding.
@@ -26,7 +31,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$root/out}
 mkdir -p "$OUT"
-steps=${IOATTN_STEPS:-test sanitize cpu bench}
+steps=${IOATTN_STEPS:-ctest test sanitize cpu bench}
 gpu_tests=${IOATTN_GPU_TESTS:-test_gpu_forward test_gpu_inference test_gpu_faults}
 cpu_tests=${IOATTN_CPU_TESTS:-test_cpu_forward test_cpu_edge test_cpu_decode test_inference_cpu test_cpu_threads}
 tools=${IOATTN_SANITIZE_TOOLS:-memcheck racecheck synccheck}
@@ -35,33 +40,55 @@ max_seqlen=${IOATTN_MAX_SEQLEN:-16384}
 status=0
 command -v compute-sanitizer >/dev/null || PATH=$PATH:/usr/local/cuda/bin
 
-if [[ -n "${IOATTN_PREBUILT:-}" ]]; then
-  bin=$(cd "$IOATTN_PREBUILT" && pwd)
-  export LD_LIBRARY_PATH="$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  test_dir=$bin
-  bench_bin=$bin/bench_gpu_forward
-else
-  prefix=/tmp/ioattn-deps
-  mkdir -p "$prefix"
-  for deb in "$root"/.deps/debs/*.deb; do
-    [[ -e "$deb" ]] && dpkg -x "$deb" "$prefix"
-  done
-  libdir=$prefix/usr/lib/x86_64-linux-gnu
-  export LD_LIBRARY_PATH="$libdir:$libdir/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  build=$root/build-device
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DIOATTN_CUDA=ON \
-    -DIOATTN_CUDA_ARCHITECTURES=90a -DIOATTN_THREADING=openmp -DCMAKE_PREFIX_PATH="$prefix/usr" \
-    -DBLAS_LIBRARIES="$libdir/openblas-pthread/libopenblas.so" 2>&1 | tee "$OUT/build.txt" | tail -3
-  targets="$gpu_tests bench_gpu_forward"
-  [[ " $steps " == *" cpu "* ]] && targets="$targets $cpu_tests"
-  # shellcheck disable=SC2086
-  ninja -C "$build" $targets 2>&1 | tee -a "$OUT/build.txt" | tail -5 || exit 1
-  test_dir=$build/tests
-  bench_bin=$build/bench/gpu/bench_gpu_forward
-fi
+prefix=/tmp/ioattn-deps
+mkdir -p "$prefix"
+for deb in "$root"/.deps/debs/*.deb; do
+  [[ -e "$deb" ]] || continue
+  # Debian's Catch2 2 CMake config in the prefix would shadow the machine's v3 while the v3
+  # headers in /usr/include still win the include search: the tests would build against one
+  # version and link the other.
+  case $(basename "$deb") in catch2_* | libcatch2*) continue ;; esac
+  dpkg -x "$deb" "$prefix"
+done
+libdir=$prefix/usr/lib/x86_64-linux-gnu
+export LD_LIBRARY_PATH="$libdir:$libdir/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+build=$root/build-device
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DIOATTN_CUDA=ON \
+  -DIOATTN_CUDA_ARCHITECTURES=90a -DIOATTN_THREADING=openmp -DIOATTN_SANITIZE= -DIOATTN_BUILD_TESTS=ON \
+  -DIOATTN_BUILD_BENCH=ON -DIOATTN_FUZZ=OFF -DCMAKE_PREFIX_PATH="$prefix/usr" \
+  -DBLAS_LIBRARIES="$libdir/openblas-pthread/libopenblas.so" >"$OUT/build.txt" 2>&1
+rc=$?
+tail -3 "$OUT/build.txt"
+[[ $rc -eq 0 ]] || { echo "gpu_run: configure failed (exit $rc), see $OUT/build.txt" >&2; exit 1; }
+catch2_dir=$(sed -n 's/^Catch2_DIR:PATH=//p' "$build/CMakeCache.txt")
+grep -q 'PACKAGE_VERSION "3\.' "$catch2_dir/Catch2ConfigVersion.cmake" 2>/dev/null ||
+  { echo "gpu_run: CMake found no Catch2 3 (Catch2_DIR=$catch2_dir)" >&2; exit 1; }
+echo "Catch2: $catch2_dir" | tee -a "$OUT/build.txt"
+# Every target: the tests, the tools and the benchmarks, not only those the steps below run.
+ninja -C "$build" >>"$OUT/build.txt" 2>&1
+rc=$?
+tail -5 "$OUT/build.txt"
+[[ $rc -eq 0 ]] || { echo "gpu_run: build failed (exit $rc), see $OUT/build.txt" >&2; exit 1; }
+test_dir=$build/tests
+bench_bin=$build/bench/gpu/bench_gpu_forward
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/device.txt"
 git -C "$root" log -1 --format='commit %H %cd' 2>/dev/null | tee -a "$OUT/device.txt"
+
+if [[ " $steps " == *" ctest "* ]]; then
+  echo "== ctest"
+  left_to_steps=""
+  [[ " $steps " == *" test "* ]] && left_to_steps="$left_to_steps $gpu_tests"
+  [[ " $steps " == *" cpu "* ]] && left_to_steps="$left_to_steps $cpu_tests"
+  exclude=()
+  # shellcheck disable=SC2086 # one test name per word
+  [[ -n "${left_to_steps// /}" ]] && exclude=(-E "^($(echo $left_to_steps | tr ' ' '|'))\$")
+  ctest --test-dir "$build" --output-on-failure --no-tests=error -j "$(nproc)" "${exclude[@]}" >"$OUT/ctest.txt" 2>&1
+  rc=$?
+  grep -E "tests passed|tests failed|\*\*\*|Failed|Skipped" "$OUT/ctest.txt" | tail -20
+  echo "ctest: exit $rc" | tee -a "$OUT/ctest.txt"
+  [[ $rc -eq 0 ]] || status=1
+fi
 
 if [[ " $steps " == *" test "* ]]; then
   echo "== GPU tests"

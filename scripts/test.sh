@@ -3,7 +3,12 @@
 # configuration CI guards: the Release build (OpenMP, CUDA compiled when nvcc is present: GPU
 # tests skip visibly without a device), the oneTBB threading backend, ASan+UBSan, ThreadSanitizer
 # and bounded fuzzing (scripts/ci_hardening.sh), the AArch64 cross build under qemu-user
-# (scripts/ci_arm.sh), and the installed package consumed by a tiny CMake project.
+# (scripts/ci_arm.sh), the tests against Catch2 3 (scripts/ci_catch2v3.sh), and the installed
+# package consumed by a tiny CMake project.
+#
+# Every configure names each option the stage relies on, so a build directory left by another
+# command (scripts/demo.sh's tests-off cache was one) cannot turn a stage into a no-op, and every
+# ctest fails when it runs no test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -11,29 +16,32 @@ jobs=$(nproc)
 step() { printf '\n==== %s ====\n' "$*"; }
 
 step "Release, OpenMP, CUDA=AUTO"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DIOATTN_CUDA=AUTO
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DIOATTN_CUDA=AUTO -DIOATTN_THREADING=openmp \
+  -DIOATTN_SANITIZE= -DIOATTN_BUILD_TESTS=ON -DIOATTN_BUILD_BENCH=ON -DIOATTN_FUZZ=OFF
 cmake --build build -j "$jobs"
-ctest --test-dir build --output-on-failure -j "$jobs"
+ctest --test-dir build --output-on-failure --no-tests=error -j "$jobs"
 
 step "oneTBB threading backend"
 cmake -S . -B build-tbb -G Ninja -DCMAKE_BUILD_TYPE=Release -DIOATTN_THREADING=tbb -DIOATTN_CUDA=OFF \
-  -DIOATTN_BUILD_BENCH=OFF
+  -DIOATTN_SANITIZE= -DIOATTN_BUILD_TESTS=ON -DIOATTN_BUILD_BENCH=OFF -DIOATTN_FUZZ=OFF
 # Only the tests whose code paths go through the threading runtime: the rest of the suite is
 # identical under either backend, and skipping it keeps CI's 2-core budget for the sanitizers.
 tbb_tests="test_cpu_forward test_cpu_edge test_cpu_threads test_cpu_decode test_inference_cpu test_concurrency test_faults test_api_validation"
 # shellcheck disable=SC2086 # one target per word
 cmake --build build-tbb -j "$jobs" --target $tbb_tests
-ctest --test-dir build-tbb --output-on-failure -j "$jobs" -R "^(${tbb_tests// /|})\$"
+ctest --test-dir build-tbb --output-on-failure --no-tests=error -j "$jobs" -R "^(${tbb_tests// /|})\$"
 
 step "ASan + UBSan"
 # Optimized with line tables only (-g1): full debug info doubled this stage's build time on 2 cores.
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS=-g1 -DIOATTN_SANITIZE=address \
-  -DIOATTN_CUDA=OFF -DIOATTN_BUILD_BENCH=OFF
+  -DIOATTN_CUDA=OFF -DIOATTN_THREADING=openmp -DIOATTN_BUILD_TESTS=ON -DIOATTN_BUILD_BENCH=OFF -DIOATTN_FUZZ=OFF
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -j "$jobs"
+  ctest --test-dir build-asan --output-on-failure --no-tests=error -j "$jobs"
 
 scripts/ci_hardening.sh
+
+scripts/ci_catch2v3.sh
 
 # The AArch64 kernels (NEON), cross-built and run under qemu-user; an Arm host's native build above
 # already covers them.

@@ -575,7 +575,7 @@ TEST_CASE("cli: bench measures flash and standard at one shape", "[cli]") {
   // Both compute the same attention in fp32.
   CHECK(j["max_abs_difference"].get<double>() < 1e-5);
   CHECK(j["problem"]["kv_heads"] == 1);
-  // bench measures this machine: --hw (a shared problem flag in API.md) names only host.
+  // bench measures this machine: --hw (a shared problem flag in docs/api.md) names only host.
   expect_usage_error({"bench", "--hw", "zen3"}, {"--hw", "'zen3'", "'host'"});
   expect_usage_error({"bench", "--hw", "host", "--hw", "h200-sxm"}, {"'h200-sxm'"});
 }

@@ -1,4 +1,4 @@
-// An outsider's acceptance sweep of API.md's "CLI: ioattn" section and the C ABI's small
+// An outsider's acceptance sweep of docs/api.md's "CLI: ioattn" section and the C ABI's small
 // functions, driving the built binary (IOATTN_CLI) as a user would. It covers what test_cli.cc and
 // test_contract_sweep.cc leave out: -h on every subcommand, usage errors on the subcommands
 // without problem flags (demo, hw, run, bench), a bad value reported ahead of a missing required
@@ -143,7 +143,7 @@ TEST_CASE("clisweep: every subcommand answers --help and -h on stdout with exit 
       CHECK(r.out.find("exit codes") != std::string::npos);
     }
   }
-  // The problem flags API.md lists appear in the help of each command that takes them.
+  // The problem flags docs/api.md lists appear in the help of each command that takes them.
   for (const char* cmd : {"plan", "traffic", "explain"}) {
     const std::string help = cli({cmd, "--help"}).out;
     for (const char* flag : {"--batch", "--heads", "--kv-heads", "--seqlen-q", "--seqlen-k", "--head-dim", "--dtype",

@@ -1,13 +1,13 @@
-// An outsider's acceptance sweep of API.md and issues 3 and 5: only the public headers, its own
-// fp64 oracle written from the contract's text (so a semantic slip shared by the kernels and
-// common/reference.cc would still show), its own f16/bf16 rounding, its own .npy reader and
-// writer. It covers what the other test files do not: the GQA head mapping, bottom-right windows
-// intersected with causal, negative scale, round-to-nearest-even ties, packed and padded
-// layouts, NULL data on empty problems, key splits with whole splits masked, NaN confinement
-// across masks and dtypes, random requests, unowned varlen rows, non-power-of-two page sizes,
-// head-major and shared prefix pages, block-table entries past a sequence's pages, half caches
-// under half q, the C++ wrapper, and the CLI's exit 3 path, empty arrays, bench dtypes and peak
-// memory.
+// An outsider's acceptance sweep of docs/api.md, the inference entry points and the CLI's bench
+// included: only the public headers, its own fp64 oracle written from the contract's text (so a
+// semantic slip shared by the kernels and common/reference.cc would still show), its own f16/bf16
+// rounding, its own .npy reader and writer. It covers what the other test files do not: the GQA
+// head mapping, bottom-right windows intersected with causal, negative scale,
+// round-to-nearest-even ties, packed and padded layouts, NULL data on empty problems, key splits
+// with whole splits masked, NaN confinement across masks and dtypes, random requests, unowned
+// varlen rows, non-power-of-two page sizes, head-major and shared prefix pages, block-table
+// entries past a sequence's pages, half caches under half q, the C++ wrapper, and the CLI's exit 3
+// path, empty arrays, bench dtypes and peak memory.
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -144,7 +144,7 @@ class Arr {
   std::vector<unsigned char> mem_;
 };
 
-// Masking and score options as API.md states them.
+// Masking and score options as docs/api.md states them.
 struct Rule {
   int causal = 0;
   int64_t left = -1, right = -1;
@@ -213,7 +213,7 @@ void oracle(const std::vector<float>& q, const std::vector<float>& k, const std:
   }
 }
 
-// TESTING.md's rule, accumulated over a whole call: max|out - ref| <= 2 max|naive - ref| + 2 ulp
+// The tolerance rule of docs/testing.md, accumulated over a whole call: max|out - ref| <= 2 max|naive - ref| + 2 ulp
 // of the largest |ref| in the storage dtype; LSE separately in fp32; NaN exactly where the oracle
 // has NaN, -inf exactly where it has -inf.
 struct Tally {
@@ -1450,7 +1450,7 @@ TEST_CASE("sweep: KV-cache odd requests: Sq = 0 still appends, B = 0 is a no-op,
   cache.seqlens = seqlens.data();
   const ioattn_options o = defaults();
   SECTION("Sq = 0 with two new tokens: the cache is appended, nothing else written") {
-    // API.md orders the call as "appends ..., then attends q": an empty q empties only the second
+    // docs/api.md orders the call as "appends ..., then attends q": an empty q empties only the second
     // step, so a chunk that only fills the cache is a valid request.
     Arr kn(IOATTN_F32, 2, 2, hkv, d), vn(IOATTN_F32, 2, 2, hkv, d);
     kn.randomize(rng);
@@ -1972,7 +1972,7 @@ TEST_CASE("sweep cli: bench runs f16 and bf16 storage, GQA and windows", "[sweep
 }
 
 TEST_CASE("sweep cli: bench reports the peak memory of flash and of standard attention", "[sweep][cli]") {
-  // API.md: bench prints "time, GFLOP/s, % of peak, peak memory" for flash and standard. The peak
+  // docs/api.md: bench prints "time, GFLOP/s, % of peak, peak memory" for flash and standard. The peak
   // is what each holds at once: q, k, v and out plus its own scratch (S and P for standard).
   Scratch dir;
   const CliResult r = cli(dir, {"bench", "--heads", "2", "--seqlen-q", "96", "--seqlen-k", "200", "--head-dim", "32",
@@ -1997,7 +1997,7 @@ TEST_CASE("sweep cli: bench reports the peak memory of flash and of standard att
 }
 
 TEST_CASE("sweep cli: explain's K/V figure never exceeds the problem's K/V", "[sweep][cli]") {
-  // API.md: each explain field names "this problem's numbers". For a split-KV decode on the H200
+  // docs/api.md: each explain field names "this problem's numbers". For a split-KV decode on the H200
   // (Hq 32, Hkv 8, Sq 1, Sk 32768, D 128, bf16) the whole K/V is 8 * 32768 * (128 + 128) * 2 bytes
   // = 128 MiB, so the active heads' share of it cannot be larger (common/outline.cc used to
   // multiply one head's K/V by the active CTAs and ignore that the key splits divide it: 4.125 GiB).

@@ -1,4 +1,5 @@
-// Injected CUDA failures through the C ABI (issue 7, item 4, the GPU half). Two sources:
+// Injected CUDA failures through the C ABI (test_faults.cc injects the host allocation failures).
+// Two sources:
 //
 // 1. A failing CUDA runtime call. tests/CMakeLists.txt links this binary with `--wrap` for the
 //    runtime entry points the library calls (device query, kernel attribute, kernel launch, and
@@ -228,7 +229,7 @@ AttnParams host_params(const void* q, const void* k, const void* v, DType t, int
   return p;
 }
 
-// TESTING.md's rule: max|out - ref| <= 2 max|naive f32 rounded to the storage type - ref| + 2 ulp
+// The tolerance rule of docs/testing.md: max|out - ref| <= 2 max|naive f32 rounded to the storage type - ref| + 2 ulp
 // of the output magnitude; lse within 2x the naive f32 error + 1e-5 relative; -inf rows exactly.
 void check_reference(const AttnParams& p, DType t, const Bytes& out, const Bytes& lse_bytes) {
   const size_t n_out = out.size() / size_t(ioattn::dtype_bytes(t)), n_lse = lse_bytes.size() / sizeof(float);

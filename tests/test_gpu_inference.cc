@@ -61,7 +61,7 @@ using ioattn::test::reference_sequence;
 using ioattn::test::SequenceMask;
 using ioattn::test::SequenceOracle;
 
-// TESTING.md's rule with a half-precision output: err <= 2 * err(naive f32, rounded to the
+// The tolerance rule of docs/testing.md with a half-precision output: err <= 2 * err(naive f32, rounded to the
 // storage type) + floor, floor = 2 ulp of the output magnitude in that type.
 void check_sequence(const std::vector<uint16_t>& out, int64_t offset, const std::vector<float>& lse, int64_t lse_at,
                     int64_t lse_head_stride, const SequenceOracle& o, int64_t sq, int64_t hq, DType t) {

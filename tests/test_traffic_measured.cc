@@ -40,7 +40,7 @@ GpuSamples gpu_samples(bool (*load)(const std::string&, std::vector<GpuPoint>*, 
 
 // (point name, boundary) pairs where the model is known to miss the bar: see docs/traffic.md,
 // "Where the model misses". None at present, on the samples recorded with the planner's current
-// plans (issue 6's fourth round: head and tile mode past L1 decided window by window, set by set).
+// plans (head and tile mode past L1 decided window by window, set by set).
 // The split (gpu_ncu.sh SPLIT=1) is held the same way, by source; the four S = 16384 points of the
 // CUDA kernel send through the fabric half of SM-side writes that are not O's stores (1.0 GB at
 // D = 128: docs/traffic.md, "What lts__t_bytes counts"), which the model does not have.

@@ -7,7 +7,7 @@
 
 namespace ioattn::cli {
 
-// Exit codes from API.md.
+// Exit codes from docs/api.md.
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitInternal = 1;
 inline constexpr int kExitUsage = 2;

@@ -36,7 +36,7 @@ struct Measured {
 };
 
 // Peak memory: what an implementation holds at once, the problem's q, k, v and out plus the
-// scratch it allocates on top (API.md's "peak memory"; issue 3's "memory saved" is its ratio).
+// scratch it allocates on top (docs/api.md's "peak memory"; the memory flash saves is the ratio).
 json measured_json(const Measured& m, double flops, double peak, double io_bytes) {
   return {{"seconds", m.seconds},
           {"gflops", flops / m.seconds * 1e-9},
@@ -50,7 +50,8 @@ json measured_json(const Measured& m, double flops, double peak, double io_bytes
 int cmd_bench(int argc, char** argv) {
   Args a("bench");
   add_problem_flags(a, false);
-  a.option("--hw", "NAME", "hardware: only host (bench measures the machine it runs on; API.md's shared flag)", true);
+  a.option("--hw", "NAME", "hardware: only host (bench measures the machine it runs on; docs/api.md's shared flag)",
+           true);
   a.option("--threads", "N", "CPU threads for both, 0 = library default (IOATTN_NUM_THREADS, else all cores)");
   a.option("--repeats", "N", "timed runs of each after one warm-up; the fastest counts (default 3)");
   a.flag("--json", "machine-readable output");

@@ -42,7 +42,7 @@ HostTensor converted(const HostTensor& t, DType to) {
   return r;
 }
 
-// The FlashAttention-2 rule of TESTING.md: the kernel may be off the fp64 reference by twice what
+// The FlashAttention-2 rule of docs/testing.md: the kernel may be off the fp64 reference by twice what
 // a naive implementation in the kernel's own precision is off, plus two ulps of the output's
 // storage dtype at the largest reference magnitude.
 struct Verdict {

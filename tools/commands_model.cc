@@ -102,7 +102,7 @@ int cmd_traffic(int argc, char** argv) {
                            "standard attention (S and P written and read back), one entry per --hw.\n\n"
                            "With --json: always a list of objects (hardware, flash_dram_bytes,\n"
                            "standard_dram_bytes, levels [{name, flash_bytes, standard_bytes}], flops,\n"
-                           "flash_roofline_s, standard_roofline_s), as API.md specifies.")) {
+                           "flash_roofline_s, standard_roofline_s), as docs/api.md specifies.")) {
     return kExitOk;
   }
   const Problem& pr = c.request.problem;

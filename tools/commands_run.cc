@@ -106,7 +106,7 @@ int cmd_run(int argc, char** argv) {
   a.flag("--check", "also report the max abs error against the fp64 reference");
   if (!a.parse(argc, argv)) {
     std::cout << a.help("--q Q.npy --k K.npy --v V.npy --out O.npy [--lse L.npy] [options]",
-                        "Exact attention over .npy arrays (see API.md for the semantics). Inputs are\n"
+                        "Exact attention over .npy arrays (see docs/api.md for the semantics). Inputs are\n"
                         "little-endian float32 or float16 in C order; on any error no output file is\n"
                         "created or truncated.");
     return kExitOk;

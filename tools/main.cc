@@ -1,4 +1,4 @@
-// `ioattn`: the command line over the library (API.md, "CLI"). Each subcommand lives in a
+// `ioattn`: the command line over the library (docs/api.md, "CLI"). Each subcommand lives in a
 // commands_*.cc; this file dispatches and turns errors into the contract's exit codes.
 #include <cstdio>
 #include <cstring>

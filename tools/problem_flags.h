@@ -1,4 +1,4 @@
-// The problem flags shared by plan, traffic, explain and bench (API.md): shape, dtype, masking,
+// The problem flags shared by plan, traffic, explain and bench (docs/api.md): shape, dtype, masking,
 // and the hardware to plan for.
 #pragma once
 

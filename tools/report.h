@@ -1,5 +1,5 @@
 // Plans, traffic predictions, design outlines and hardware profiles rendered for people (aligned
-// text) and for programs (nlohmann::json with API.md's keys).
+// text) and for programs (nlohmann::json with docs/api.md's keys).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -16,7 +16,7 @@ const char* backend_name(Backend b);
 const char* device_kind_name(DeviceKind k);
 
 nlohmann::json problem_json(const Problem& pr);
-// API.md keys (backend, hardware, block_q, block_kv, kv_splits, workers, working_set_bytes,
+// docs/api.md keys (backend, hardware, block_q, block_kv, kv_splits, workers, working_set_bytes,
 // target_level, target_level_bytes) plus every other Plan field.
 nlohmann::json plan_json(const Plan& plan);
 // hardware, flash_dram_bytes, standard_dram_bytes, levels [{name, flash_bytes, standard_bytes}],

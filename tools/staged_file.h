@@ -1,7 +1,7 @@
 // Output files that appear only on success: data goes to a temporary file in the destination's
 // directory (so the final rename stays on one filesystem and is atomic), and the destination is
 // replaced by rename() in commit(). A StagedFile destroyed before commit() removes its temporary,
-// so an error anywhere leaves no file created and no existing file truncated (API.md).
+// so an error anywhere leaves no file created and no existing file truncated (docs/api.md).
 #pragma once
 
 #include <string>

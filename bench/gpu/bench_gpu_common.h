@@ -32,8 +32,8 @@ inline int skipped_without_device() {
   return 77;
 }
 
-// A 64-bit LCG: fast enough for 10^8 values and never zeros (DEVICE.md: zeros run faster and
-// hide unwritten outputs).
+// A 64-bit LCG: fast enough for 10^8 values and never zeros (zeros run faster on
+// the GPU and hide unwritten outputs).
 struct Lcg {
   uint64_t state;
   float next() {

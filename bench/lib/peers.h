@@ -33,7 +33,7 @@ double time_read_once(int threads, const void* const* buffers, const size_t* byt
 // Standard attention, the way unfused frameworks compute it: per (batch, query head),
 // S = scale * Q K^T materialized in fp32 by cblas_sgemm, masked (-inf) and soft-capped, a row
 // softmax with Highway's Exp (normalized P written over S), then O = P V by cblas_sgemm. Same
-// semantics as the kernels (docs/API.md) for dense requests with finite inputs (no varlen, cache or pages:
+// semantics as the kernels (docs/api.md) for dense requests with finite inputs (no varlen, cache or pages:
 // unsupported). OpenBLAS and the softmax use `threads` threads. *scratch_bytes (may be null)
 // receives the peak extra memory: S plus fp32 copies of one head's Q, K, V and O.
 Status standard_attention(const AttnParams& p, int threads, size_t* scratch_bytes);

@@ -334,7 +334,7 @@ inline bool load_cpu_points(const std::string& dir, std::vector<CpuPoint>* out, 
 // several kernels (PyTorch's MATH path is about ten), so the rows are summed per metric. Each
 // recorded sample starts with "ioattn-ncu impl=... batch=... heads=... seqlen=... dim=...
 // causal=... dtype=..." written by bench/traffic/gpu_ncu.sh. Samples transcribed from
-// ANCHORS.md carry "dram_read=BYTES dram_write=BYTES" on that line instead of CSV rows.
+// bench/results/reference-figures.md carry "dram_read=BYTES dram_write=BYTES" on that line instead of CSV rows.
 struct GpuPoint {
   std::string file, name, impl;  // impl: "ioattn", "fa2" (PyTorch's FlashAttention-2), "math"
   Problem problem;
