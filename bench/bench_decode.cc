@@ -103,11 +103,14 @@ void BM_FmaPeak(benchmark::State& state) {
   for (auto _ : state) fma_ceiling(threads);
   const ioattn::peers::FmaCeiling& c = fma_ceiling(threads);
   state.counters["GFLOP/s"] = c.probe_gflops;
+  state.counters["core_GFLOP/s"] = c.probe_core_gflops;
   state.counters["GHz"] = c.clock_ghz;
+  state.counters["int_GHz"] = c.integer_clock_ghz;
   const double theory = c.theoretical_gflops();
   if (theory > 0) {
     state.counters["theory_GFLOP/s"] = theory;
     state.counters["of_theory%"] = 100.0 * c.probe_gflops / theory;
+    state.counters["core_of_theory%"] = 100.0 * c.probe_core_gflops / theory;
   }
   state.SetLabel(c.describe());
 }

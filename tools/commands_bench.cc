@@ -59,9 +59,12 @@ json fma_json(const peers::FmaCeiling& c, int threads) {
           {"core", c.core.core},
           {"fma_per_cycle", c.core.fma_per_cycle},
           {"clock_ghz", c.clock_ghz},
+          {"integer_clock_ghz", c.integer_clock_ghz},
           {"probe_gflops", c.probe_gflops},
+          {"probe_core_gflops", c.probe_core_gflops},
           {"theoretical_gflops", theory},
-          {"percent_of_theoretical", theory > 0 ? 100.0 * c.probe_gflops / theory : 0.0}};
+          {"percent_of_theoretical", theory > 0 ? 100.0 * c.probe_gflops / theory : 0.0},
+          {"core_percent_of_theoretical", theory > 0 ? 100.0 * c.probe_core_gflops / theory : 0.0}};
 }
 
 // `ioattn bench --ceilings`: the machine's ceilings alone, at 1 thread and at `threads`: the clock,
@@ -75,11 +78,14 @@ int print_ceilings(int threads, bool as_json) {
     fma.push_back(fma_json(c, t));
     if (!as_json) {
       const double theory = c.theoretical_gflops();
+      // Wall time, then the probe threads' own CPU time (what other processes on the cores leave out).
       if (theory > 0) {
-        std::printf("FMA probe, %d thread(s): %.1f GFLOP/s = %.1f%% of theoretical %s\n", t, c.probe_gflops,
-                    100.0 * c.probe_gflops / theory, c.describe().c_str());
+        std::printf("FMA probe, %d thread(s): %.1f GFLOP/s = %.1f%% of theoretical (in-core %.1f = %.1f%%); %s\n", t,
+                    c.probe_gflops, 100.0 * c.probe_gflops / theory, c.probe_core_gflops,
+                    100.0 * c.probe_core_gflops / theory, c.describe().c_str());
       } else {
-        std::printf("FMA probe, %d thread(s): %.1f GFLOP/s; %s\n", t, c.probe_gflops, c.describe().c_str());
+        std::printf("FMA probe, %d thread(s): %.1f GFLOP/s (in-core %.1f); %s\n", t, c.probe_gflops,
+                    c.probe_core_gflops, c.describe().c_str());
       }
     }
   }

@@ -1,5 +1,6 @@
 // The machine's ceilings, measured in the same process as the kernel they judge.
 #include <sched.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -58,6 +59,14 @@ int64_t fma_steps_for(double seconds) {
     if (dt > 0.02) return std::max<int64_t>(steps, int64_t(double(steps) * seconds / dt));
     steps *= 4;
   }
+}
+
+// Seconds of CPU time the calling thread has run: what a thread's own work took however long other
+// processes held its core (a KVM guest cannot see the host's steal, which still counts).
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
 double fma_team_gflops(int threads, int64_t steps) {
@@ -230,12 +239,17 @@ int cores_for(int threads) {
   return cores.empty() ? threads : std::min(threads, int(cores.size()));
 }
 
-double measure_clock_ghz(int threads, double seconds) {
+double measure_clock_ghz(int threads, bool under_fma, double seconds) {
   threads = std::max(threads, 1);
+  // Cycles a step: add_chain's 64 adds, or fma_clock_chain's 12 adds beside its FMAs.
+  const double cycles = under_fma ? 12.0 : 64.0;
+  const auto chain = [under_fma](int64_t steps) {
+    return float(under_fma ? fma_clock_chain(steps) : add_chain(steps));
+  };
   int64_t steps = 1 << 12;
   for (;;) {
     const auto t0 = Clock::now();
-    g_sink.store(float(add_chain(steps)));
+    g_sink.store(chain(steps));
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (dt > 0.005) {
       steps = std::max<int64_t>(steps, int64_t(double(steps) * seconds / dt));
@@ -245,13 +259,14 @@ double measure_clock_ghz(int threads, double seconds) {
   }
   double best = 0;
   for (int run = 0; run < 3; ++run) {
-    // Each thread times its own chain, so a thread that starts late does not read slow; the
-    // figure is their mean, the clock the theoretical peak multiplies by the core count.
+    // Each thread divides its cycles by its own CPU time, so neither a late start nor another
+    // process sharing the core reads as a slow clock; the figure is their mean, the clock the
+    // theoretical peak multiplies by the core count.
     std::vector<double> ghz(size_t(threads), 0.0);
     timed_team(threads, [&](int t) {
-      const auto t0 = Clock::now();
-      g_sink.store(float(add_chain(steps)));
-      ghz[size_t(t)] = 64.0 * double(steps) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9;
+      const double t0 = thread_cpu_seconds();
+      g_sink.store(chain(steps));
+      ghz[size_t(t)] = cycles * double(steps) / (thread_cpu_seconds() - t0) / 1e9;
     });
     double sum = 0;
     for (double g : ghz) sum += g;
@@ -265,30 +280,47 @@ double FmaCeiling::theoretical_gflops() const {
 }
 
 std::string FmaCeiling::describe() const {
-  char text[256];
+  char text[320];
   if (core.fma_per_cycle == 0) {
-    std::snprintf(text, sizeof(text), "theoretical peak unknown: %s, %s %d lanes, %.2f GHz measured", core.core.c_str(),
-                  target.c_str(), lanes, clock_ghz);
+    std::snprintf(text, sizeof(text), "theoretical peak unknown: %s, %s %d lanes, %.2f GHz under FMA load (%.2f integer)",
+                  core.core.c_str(), target.c_str(), lanes, clock_ghz, integer_clock_ghz);
   } else {
-    std::snprintf(text, sizeof(text), "%d cores x %d FMA/cycle x %d lanes x 2 x %.2f GHz = %.1f GFLOP/s (%s, %s)",
-                  cores, core.fma_per_cycle, lanes, clock_ghz, theoretical_gflops(), core.core.c_str(),
-                  target.c_str());
+    std::snprintf(text, sizeof(text),
+                  "%d cores x %d FMA/cycle x %d lanes x 2 x %.2f GHz = %.1f GFLOP/s (%s, %s; clock under FMA load, "
+                  "%.2f GHz integer-only)",
+                  cores, core.fma_per_cycle, lanes, clock_ghz, theoretical_gflops(), core.core.c_str(), target.c_str(),
+                  integer_clock_ghz);
   }
   return text;
 }
 
 FmaCeiling measure_fma_ceiling(int threads, double seconds) {
   FmaCeiling c;
+  threads = std::max(threads, 1);
   c.target = probe_target();
   c.lanes = float_lanes();
   c.cores = cores_for(threads);
   c.core = core_fma(c.lanes * 32);
   if (!probe_native_fma()) c.core = {c.core.core + " (target without FMA instructions)", 0};
-  // The clock on either side of the probe, the higher counting: a neighbour's burst during one
-  // reading lowers it, and a lowered clock would flatter the probe's ratio.
-  const double before = measure_clock_ghz(threads);
-  c.probe_gflops = measure_fma_peak(threads, seconds);
-  c.clock_ghz = std::max(before, measure_clock_ghz(threads));
+  // The clock under FMA load on either side of the probe, the higher counting: a lowered clock
+  // would flatter the probe's ratio.
+  c.integer_clock_ghz = measure_clock_ghz(threads, false);
+  const double before = measure_clock_ghz(threads, true);
+  const int64_t steps = fma_steps_for(seconds);
+  for (int run = 0; run < 3; ++run) {
+    std::vector<double> in_core(size_t(threads), 0.0);
+    const double dt = timed_team(threads, [&](int t) {
+      const double t0 = thread_cpu_seconds();
+      g_sink.store(fma_chains(steps));
+      in_core[size_t(t)] = double(fma_flops_per_iteration()) * double(steps) / (thread_cpu_seconds() - t0) / 1e9;
+    });
+    c.probe_gflops = std::max(c.probe_gflops, double(fma_flops_per_iteration()) * double(steps) * threads / dt / 1e9);
+    double sum = 0;
+    for (double g : in_core) sum += g;
+    // Threads beyond the cores share them, so the in-core sum counts each core once.
+    c.probe_core_gflops = std::max(c.probe_core_gflops, sum * c.cores / threads);
+  }
+  c.clock_ghz = std::max(before, measure_clock_ghz(threads, true));
   return c;
 }
 

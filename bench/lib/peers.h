@@ -32,13 +32,20 @@ CoreFma core_fma(int vector_bits);
 int cores_for(int threads);
 
 // The clock in GHz: `threads` threads each run a dependent chain of integer adds (one cycle each
-// on every core in the table) for about `seconds`; the mean over the threads, best of 3 runs.
-double measure_clock_ghz(int threads, double seconds = 0.05);
+// on every core in the table) for about `seconds` and divide by their own CPU time, so other
+// processes on the cores do not lower it; the mean over the threads, best of 3 runs. under_fma
+// runs the chain beside FMAs of the dispatched width keeping the FMA pipes 83% busy: the clock
+// the FMA probe runs at where the core lowers it for dense wide FMAs.
+double measure_clock_ghz(int threads, bool under_fma, double seconds = 0.05);
 
 // The FMA probe beside its theoretical figure: cores x FMA/cycle x lanes x 2 FLOP x measured clock.
 struct FmaCeiling {
-  double probe_gflops = 0;  // measure_fma_peak
-  double clock_ghz = 0;     // measure_clock_ghz on as many threads, the higher of before and after
+  double probe_gflops = 0;       // as measure_fma_peak: FLOPs over wall time, best of 3
+  // FLOPs over each thread's own CPU time, summed: the probe's rate while it runs, which other
+  // processes sharing the cores do not lower (as the clock's); best of the same 3 runs.
+  double probe_core_gflops = 0;
+  double clock_ghz = 0;          // measure_clock_ghz under FMA load, the higher of before and after
+  double integer_clock_ghz = 0;  // measure_clock_ghz without FMAs, for comparison
   int cores = 0, lanes = 0;
   std::string target;       // Highway target the probe ran
   CoreFma core;

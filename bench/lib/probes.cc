@@ -28,9 +28,11 @@ constexpr int kVectorRegisters = ((HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || HW
 constexpr int kChains = kVectorRegisters == 32 ? 24 : 12;
 
 // kChains chains in named locals, so they stay in registers whatever the compiler's unrolling
-// (an array of accumulators left in memory adds a store-to-load round trip to every chain): the
-// hot loop is kChains register-to-register FMAs and the loop counter. acc -> acc * 0.999999 +
-// 1e-6 converges to 1, so values stay normal (no denormal slow path) and the loop cannot fold.
+// (an array of accumulators left in memory adds a store-to-load round trip to every chain). An
+// iteration is 4 steps of kChains register-to-register FMAs: the loop counter's add and branch,
+// which the scheduler may put on an FMA port, then cost at most 2 slots in 2 + 4 x kChains (2% at
+// 24 chains) instead of 2 in 2 + kChains (8%). acc -> acc * 0.999999 + 1e-6 converges to 1, so
+// values stay normal (no denormal slow path) and the loop cannot fold.
 float FmaChains(int64_t iterations) {
   const DF df;
   const VF mul = hn::Set(df, 0.999999f), add = hn::Set(df, 1e-6f);
@@ -39,7 +41,7 @@ float FmaChains(int64_t iterations) {
   VF a6 = start(6), a7 = start(7), a8 = start(8), a9 = start(9), a10 = start(10), a11 = start(11);
   VF b0 = start(12), b1 = start(13), b2 = start(14), b3 = start(15), b4 = start(16), b5 = start(17);
   VF b6 = start(18), b7 = start(19), b8 = start(20), b9 = start(21), b10 = start(22), b11 = start(23);
-  for (int64_t it = 0; it < iterations; ++it) {
+  const auto step = [&] {
     a0 = hn::MulAdd(a0, mul, add);
     a1 = hn::MulAdd(a1, mul, add);
     a2 = hn::MulAdd(a2, mul, add);
@@ -66,6 +68,12 @@ float FmaChains(int64_t iterations) {
       b10 = hn::MulAdd(b10, mul, add);
       b11 = hn::MulAdd(b11, mul, add);
     }
+  };
+  for (int64_t it = 0; it < iterations; ++it) {
+    step();
+    step();
+    step();
+    step();
   }
   VF sum = hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
   sum = hn::Add(sum, hn::Add(hn::Add(a8, a9), hn::Add(a10, a11)));
@@ -76,7 +84,55 @@ float FmaChains(int64_t iterations) {
   return hn::GetLane(hn::SumOfLanes(df, sum));
 }
 
-int64_t FmaFlopsPerIteration() { return kChains * 2 * static_cast<int64_t>(hn::Lanes(DF())); }
+// The clock while the FMA pipes run: each step issues 20 FMAs on 12 chains like FmaChains' (8 of
+// them twice, 8 cycles of latency) and 12 dependent integer adds (one cycle each; the empty asm
+// keeps the compiler from folding them, the unknown addend keeps the renamer from it). At 2 FMAs
+// a cycle the FMAs need 10 of the adds' 12 cycles, so the add chain sets the pace with the FMA
+// pipes 83% busy, dense enough for the lower clock Intel cores hold under dense 512-bit FMAs, and
+// steps x 12 is the cycle count at that clock. Should the FMAs run under 83% of their rate, the
+// FMAs set the pace and the clock reads low: the integer-only clock is reported beside it.
+// Returns the adds' total, which keeps them alive.
+uint64_t FmaClockChain(int64_t iterations) {
+  const DF df;
+  const VF mul = hn::Set(df, 0.999999f), add = hn::Set(df, 1e-6f);
+  const auto start = [&](int i) { return hn::Set(df, 0.5f + 0.01f * float(i)); };
+  VF a0 = start(0), a1 = start(1), a2 = start(2), a3 = start(3), a4 = start(4), a5 = start(5);
+  VF a6 = start(6), a7 = start(7), a8 = start(8), a9 = start(9), a10 = start(10), a11 = start(11);
+  uint64_t x = 0, y = 1;
+  asm volatile("" : "+r"(y));
+  for (int64_t it = 0; it < iterations; ++it) {
+    a0 = hn::MulAdd(a0, mul, add);
+    a1 = hn::MulAdd(a1, mul, add);
+    a2 = hn::MulAdd(a2, mul, add);
+    a3 = hn::MulAdd(a3, mul, add);
+    a4 = hn::MulAdd(a4, mul, add);
+    a5 = hn::MulAdd(a5, mul, add);
+    a6 = hn::MulAdd(a6, mul, add);
+    a7 = hn::MulAdd(a7, mul, add);
+    a8 = hn::MulAdd(a8, mul, add);
+    a9 = hn::MulAdd(a9, mul, add);
+    a10 = hn::MulAdd(a10, mul, add);
+    a11 = hn::MulAdd(a11, mul, add);
+    a0 = hn::MulAdd(a0, mul, add);
+    a1 = hn::MulAdd(a1, mul, add);
+    a2 = hn::MulAdd(a2, mul, add);
+    a3 = hn::MulAdd(a3, mul, add);
+    a4 = hn::MulAdd(a4, mul, add);
+    a5 = hn::MulAdd(a5, mul, add);
+    a6 = hn::MulAdd(a6, mul, add);
+    a7 = hn::MulAdd(a7, mul, add);
+#pragma GCC unroll 12
+    for (int k = 0; k < 12; ++k) {
+      x += y;
+      asm volatile("" : "+r"(x));
+    }
+  }
+  VF sum = hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
+  sum = hn::Add(sum, hn::Add(hn::Add(a8, a9), hn::Add(a10, a11)));
+  return x + static_cast<uint64_t>(hn::GetLane(hn::SumOfLanes(df, sum)));
+}
+
+int64_t FmaFlopsPerIteration() { return 4 * kChains * 2 * static_cast<int64_t>(hn::Lanes(DF())); }
 
 int FloatLanes() { return static_cast<int>(hn::Lanes(DF())); }
 
@@ -170,6 +226,7 @@ namespace ioattn::peers {
 
 HWY_EXPORT(FmaChains);
 HWY_EXPORT(FmaFlopsPerIteration);
+HWY_EXPORT(FmaClockChain);
 HWY_EXPORT(FloatLanes);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(NativeFma);
@@ -178,6 +235,7 @@ HWY_EXPORT(SoftmaxRow);
 
 float fma_chains(int64_t iterations) { return HWY_DYNAMIC_DISPATCH(FmaChains)(iterations); }
 int64_t fma_flops_per_iteration() { return HWY_DYNAMIC_DISPATCH(FmaFlopsPerIteration)(); }
+uint64_t fma_clock_chain(int64_t iterations) { return HWY_DYNAMIC_DISPATCH(FmaClockChain)(iterations); }
 int float_lanes() { return HWY_DYNAMIC_DISPATCH(FloatLanes)(); }
 const char* probe_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 bool probe_native_fma() { return HWY_DYNAMIC_DISPATCH(NativeFma)(); }

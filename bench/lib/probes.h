@@ -6,11 +6,14 @@
 
 namespace ioattn::peers {
 
-// Runs `iterations` steps of independent FMA chains held in registers (12 on targets with 16
-// vector registers, 24 with 32); the result only keeps them alive.
+// Runs `iterations` iterations of 4 steps of independent FMA chains held in registers (12 on
+// targets with 16 vector registers, 24 with 32); the result only keeps them alive.
 float fma_chains(int64_t iterations);
-// FLOPs one step of fma_chains performs on the dispatched target (chains x 2 x lanes).
+// FLOPs one iteration of fma_chains performs on the dispatched target (4 x chains x 2 x lanes).
 int64_t fma_flops_per_iteration();
+// `iterations` steps of 20 FMAs on 12 chains beside 12 dependent integer adds, which set the
+// pace: 12 cycles a step at the clock the core holds while its FMA pipes run 83% busy.
+uint64_t fma_clock_chain(int64_t iterations);
 // fp32 lanes of the dispatched target's vector.
 int float_lanes();
 // Highway's name for the dispatched target ("AVX3", "AVX2", "NEON").
