@@ -128,9 +128,12 @@ int cmd_bench(int argc, char** argv) {
                         "score matrix materialized (OpenBLAS sgemm + softmax, bench/lib) at one shape\n"
                         "on this machine, with fixed random inputs: time, GFLOP/s (FLOPs of visible\n"
                         "pairs, 4 * Sq * Sk_visible * D per head), percent of the measured fp32 FMA\n"
-                        "peak (a probe printed beside its theoretical figure, cores x FMA/cycle x lanes\n"
-                        "x 2 x measured clock), extra memory each allocates, peak memory (inputs, output and that extra),\n"
-                        "and the largest difference between the two outputs. Problem flags default to 16 heads x 4096 tokens x head dim 128, f32.");
+                        "peak (the probe) and of the theoretical peak (cores x FMA/cycle x lanes x 2 x\n"
+                        "the clock measured under FMA load), extra memory each allocates, peak memory\n"
+                        "(inputs, output and that extra), and the largest difference between the two\n"
+                        "outputs. Problem flags default to 16 heads x 4096 tokens x head dim 128, f32.\n"
+                        "--ceilings prints only the ceilings: clock, FMA probe against the theoretical\n"
+                        "peak, read bandwidth of 1, 2, 4 and 8 streams per thread, at 1 and N threads.");
     return kExitOk;
   }
   // The shared problem flags include --hw; a timing is of this machine, so only host is meaningful.

@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -76,14 +75,6 @@ double fma_team_gflops(int threads, int64_t steps) {
 
 }  // namespace
 
-double measure_fma_peak(int threads, double seconds) {
-  threads = std::max(threads, 1);
-  const int64_t steps = fma_steps_for(seconds);
-  double best = 0;
-  for (int run = 0; run < 3; ++run) best = std::max(best, fma_team_gflops(threads, steps));
-  return best;
-}
-
 double fma_probe_once(int threads) {
   // Calibrated once per process: 50 ms of chains, long against the team's start-up (~50 us)
   // and comparable to the calls it brackets (10 ms at S = 512 to a second at S = 16384).
@@ -96,7 +87,7 @@ namespace {
 // 64 dependent register-to-register integer adds a step. The empty asm makes x a register the
 // compiler must assume changed after every add, so it can neither fold the adds nor reorder them;
 // the addend is a register of unknown value, since Golden Cove's renamer folds chains of adds of
-// a small immediate (one such chain read 17 "GHz"). The chain is 64 one-cycle adds a step on every
+// a small immediate. The chain is 64 one-cycle adds a step on every
 // core in the table, and the loop's own counter, compare and branch run beside it on other ports.
 uint64_t add_chain(int64_t steps) {
   uint64_t x = 0, y = 1;
@@ -159,7 +150,7 @@ constexpr CoreRow kCores[] = {
     {"GenuineIntel", 6, 0xA5, 0xA6, "Intel Comet Lake", 2, 2, 0},
     // Skylake-SP, Cascade Lake, Cooper Lake: 2 x 512 on Gold 6xxx / Platinum; core_fma() drops to
     // 1 on Bronze, Silver and Gold 5xxx, which have one 512-bit FMA unit (ARK lists a few Gold 5
-    // parts with two; those read under the theoretical figure, never over it).
+    // parts with two: there the probe reads about 200% of the theoretical figure, which shows it).
     {"GenuineIntel", 6, 0x55, 0x55, "Intel Skylake-SP/Cascade Lake Xeon", 2, 2, 2},
     {"GenuineIntel", 6, 0x6A, 0x6A, "Intel Ice Lake Xeon", 2, 2, 2},
     {"GenuineIntel", 6, 0x6C, 0x6C, "Intel Ice Lake Xeon", 2, 2, 2},
@@ -375,10 +366,6 @@ ReadCeiling measure_read_ceiling(int threads, size_t bytes, double seconds) {
     }
   }
   return result;
-}
-
-double measure_read_bandwidth(int threads, size_t bytes, double seconds) {
-  return measure_read_ceiling(threads, bytes, seconds).gbs;
 }
 
 double time_read_once(int threads, const void* const* buffers, const size_t* bytes, int n, int streams) {

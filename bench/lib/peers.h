@@ -13,12 +13,6 @@
 
 namespace ioattn::peers {
 
-// fp32 FMA throughput in GFLOP/s: `threads` threads, each running independent FMA chains of the
-// dispatched Highway vector in registers (12 with 16 vector registers, 24 with 32: latency x FMA
-// ports is 8-10 on the x86 cores of core_fma's table, 16 on Neoverse V1/V2). Best of 3 runs of
-// about `seconds` each.
-double measure_fma_peak(int threads, double seconds = 0.2);
-
 // A core's fp32 FMA issue rate at one vector width, from a table of documented cores
 // (ceilings.cc) keyed by /proc/cpuinfo's vendor, family and model (Arm: CPU part).
 struct CoreFma {
@@ -38,9 +32,12 @@ int cores_for(int threads);
 // the FMA probe runs at where the core lowers it for dense wide FMAs.
 double measure_clock_ghz(int threads, bool under_fma, double seconds = 0.05);
 
-// The FMA probe beside its theoretical figure: cores x FMA/cycle x lanes x 2 FLOP x measured clock.
+// The FMA probe beside its theoretical figure: cores x FMA/cycle x lanes x 2 FLOP x measured
+// clock. The probe: `threads` threads, each running independent FMA chains of the dispatched
+// Highway vector in registers (12 with 16 vector registers, 24 with 32: latency x FMA ports is
+// 8-10 on the x86 cores of core_fma's table, 16 on Neoverse V1/V2), 3 runs of about `seconds`.
 struct FmaCeiling {
-  double probe_gflops = 0;       // as measure_fma_peak: FLOPs over wall time, best of 3
+  double probe_gflops = 0;       // FLOPs over wall time, best of the 3 runs: the fp32 FMA peak
   // FLOPs over each thread's own CPU time, summed: the probe's rate while it runs, which other
   // processes sharing the cores do not lower (as the clock's); best of the same 3 runs.
   double probe_core_gflops = 0;
@@ -50,7 +47,8 @@ struct FmaCeiling {
   std::string target;       // Highway target the probe ran
   CoreFma core;
   double theoretical_gflops() const;  // 0 when the core is not in the table
-  // "2 cores x 2 FMA/cycle x 16 lanes x 2 x 2.90 GHz = 371.2 GFLOP/s (<core>, <target>)".
+  // "2 cores x 2 FMA/cycle x 16 lanes x 2 x 2.90 GHz = 371.2 GFLOP/s (<core>, <target>; clock
+  // under FMA load, 3.20 GHz integer-only)"; "theoretical peak unknown: ..." off the table.
   std::string describe() const;
 };
 FmaCeiling measure_fma_ceiling(int threads, double seconds = 0.2);
@@ -62,7 +60,7 @@ bool force_target(const std::string& name);
 // available targets on stderr) when it names none of them.
 bool apply_target_env();
 
-// One run of the same probe (about 50 ms), no best-of: to be timed right beside a kernel call,
+// One run of the FMA probe (about 50 ms), no best-of: to be timed right beside a kernel call,
 // so that the ratio of the two sees the machine in one state (time_read_once's role for
 // memory-bound kernels).
 double fma_probe_once(int threads);
@@ -81,7 +79,6 @@ struct ReadCeiling {
   std::vector<std::pair<int, double>> by_streams;  // (streams per thread, GB/s) of each method
 };
 ReadCeiling measure_read_ceiling(int threads, size_t bytes, double seconds = 0.2);
-double measure_read_bandwidth(int threads, size_t bytes, double seconds = 0.2);
 
 // Seconds for `threads` threads to read the n buffers (buffers[i], bytes[i] each) once, each
 // thread a contiguous share of every buffer in `streams` parts side by side: the read time of
