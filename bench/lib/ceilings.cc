@@ -230,12 +230,12 @@ int cores_for(int threads) {
   return cores.empty() ? threads : std::min(threads, int(cores.size()));
 }
 
-double measure_clock_ghz(int threads, bool under_fma, double seconds) {
+double measure_clock_ghz(int threads, int fma_per_cycle, double seconds) {
   threads = std::max(threads, 1);
-  // Cycles a step: add_chain's 64 adds, or fma_clock_chain's 12 adds beside its FMAs.
-  const double cycles = under_fma ? 12.0 : 64.0;
-  const auto chain = [under_fma](int64_t steps) {
-    return float(under_fma ? fma_clock_chain(steps) : add_chain(steps));
+  // Cycles a step: add_chain's 64 adds, or fma_clock_chain's adds beside its FMAs.
+  const double cycles = fma_per_cycle > 0 ? fma_clock_adds(fma_per_cycle) : 64.0;
+  const auto chain = [fma_per_cycle](int64_t steps) {
+    return float(fma_per_cycle > 0 ? fma_clock_chain(steps, fma_per_cycle) : add_chain(steps));
   };
   int64_t steps = 1 << 12;
   for (;;) {
@@ -295,8 +295,11 @@ FmaCeiling measure_fma_ceiling(int threads, double seconds) {
   if (!probe_native_fma()) c.core = {c.core.core + " (target without FMA instructions)", 0};
   // The clock under FMA load on either side of the probe, the higher counting: a lowered clock
   // would flatter the probe's ratio.
-  c.integer_clock_ghz = measure_clock_ghz(threads, false);
-  const double before = measure_clock_ghz(threads, true);
+  // An unknown core's FMAs are paced as 2 a cycle, the table's commonest; its theoretical figure
+  // is not printed anyway.
+  const int pace = c.core.fma_per_cycle > 0 ? c.core.fma_per_cycle : 2;
+  c.integer_clock_ghz = measure_clock_ghz(threads, 0);
+  const double before = measure_clock_ghz(threads, pace);
   const int64_t steps = fma_steps_for(seconds);
   for (int run = 0; run < 3; ++run) {
     std::vector<double> in_core(size_t(threads), 0.0);
@@ -311,7 +314,7 @@ FmaCeiling measure_fma_ceiling(int threads, double seconds) {
     // Threads beyond the cores share them, so the in-core sum counts each core once.
     c.probe_core_gflops = std::max(c.probe_core_gflops, sum * c.cores / threads);
   }
-  c.clock_ghz = std::max(before, measure_clock_ghz(threads, true));
+  c.clock_ghz = std::max(before, measure_clock_ghz(threads, pace));
   return c;
 }
 

@@ -27,10 +27,11 @@ int cores_for(int threads);
 
 // The clock in GHz: `threads` threads each run a dependent chain of integer adds (one cycle each
 // on every core in the table) for about `seconds` and divide by their own CPU time, so other
-// processes on the cores do not lower it; the mean over the threads, best of 3 runs. under_fma
-// runs the chain beside FMAs of the dispatched width keeping the FMA pipes 83% busy: the clock
-// the FMA probe runs at where the core lowers it for dense wide FMAs.
-double measure_clock_ghz(int threads, bool under_fma, double seconds = 0.05);
+// processes on the cores do not lower it; the mean over the threads, best of 3 runs. With
+// fma_per_cycle > 0 (core_fma's figure) the chain runs beside FMAs of the dispatched width that
+// keep such a core's FMA pipes 83% busy: the clock the FMA probe runs at where the core lowers it
+// for dense wide FMAs. 0 runs the adds alone.
+double measure_clock_ghz(int threads, int fma_per_cycle, double seconds = 0.05);
 
 // The FMA probe beside its theoretical figure: cores x FMA/cycle x lanes x 2 FLOP x measured
 // clock. The probe: `threads` threads, each running independent FMA chains of the dispatched

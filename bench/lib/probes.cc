@@ -84,20 +84,25 @@ float FmaChains(int64_t iterations) {
   return hn::GetLane(hn::SumOfLanes(df, sum));
 }
 
-// The clock while the FMA pipes run: each step issues 20 FMAs on 12 chains like FmaChains' (8 of
-// them twice, 8 cycles of latency) and 12 dependent integer adds (one cycle each; the empty asm
-// keeps the compiler from folding them, the unknown addend keeps the renamer from it). At 2 FMAs
-// a cycle the FMAs need 10 of the adds' 12 cycles, so the add chain sets the pace with the FMA
-// pipes 83% busy, dense enough for the lower clock Intel cores hold under dense 512-bit FMAs, and
-// steps x 12 is the cycle count at that clock. Should the FMAs run under 83% of their rate, the
-// FMAs set the pace and the clock reads low: the integer-only clock is reported beside it.
-// Returns the adds' total, which keeps them alive.
-uint64_t FmaClockChain(int64_t iterations) {
+// The clock while the FMA pipes run: each step issues 20 FMAs and kAdds dependent integer adds
+// (one cycle each; the empty asm keeps the compiler from folding them, the unknown addend keeps
+// the renamer from it). kAdds = fma_clock_adds(FMAs a cycle) gives the 20 FMAs 83% of the adds'
+// cycles (24 at 1 a cycle, 12 at 2, 6 at 4), so the add chain sets the pace with the FMA pipes
+// 83% busy, dense enough for the lower clock Intel cores hold under dense 512-bit FMAs, and
+// steps x kAdds is the cycle count at that clock. The 20 FMAs run on 20 chains where there are 32
+// registers (4 cycles of latency, under the 6 of the 4-a-cycle cores), else on 12, 8 of them
+// twice (10 cycles at Zen 2's 5, under 12). Should the FMAs run under 83% of their rate, the FMAs
+// set the pace and the clock reads low: the integer-only clock is reported beside it. Returns
+// the adds' total, which keeps them alive.
+template <int kAdds>
+uint64_t FmaClockChainT(int64_t iterations) {
   const DF df;
   const VF mul = hn::Set(df, 0.999999f), add = hn::Set(df, 1e-6f);
   const auto start = [&](int i) { return hn::Set(df, 0.5f + 0.01f * float(i)); };
   VF a0 = start(0), a1 = start(1), a2 = start(2), a3 = start(3), a4 = start(4), a5 = start(5);
   VF a6 = start(6), a7 = start(7), a8 = start(8), a9 = start(9), a10 = start(10), a11 = start(11);
+  VF b0 = start(12), b1 = start(13), b2 = start(14), b3 = start(15), b4 = start(16), b5 = start(17);
+  VF b6 = start(18), b7 = start(19);
   uint64_t x = 0, y = 1;
   asm volatile("" : "+r"(y));
   for (int64_t it = 0; it < iterations; ++it) {
@@ -113,23 +118,43 @@ uint64_t FmaClockChain(int64_t iterations) {
     a9 = hn::MulAdd(a9, mul, add);
     a10 = hn::MulAdd(a10, mul, add);
     a11 = hn::MulAdd(a11, mul, add);
-    a0 = hn::MulAdd(a0, mul, add);
-    a1 = hn::MulAdd(a1, mul, add);
-    a2 = hn::MulAdd(a2, mul, add);
-    a3 = hn::MulAdd(a3, mul, add);
-    a4 = hn::MulAdd(a4, mul, add);
-    a5 = hn::MulAdd(a5, mul, add);
-    a6 = hn::MulAdd(a6, mul, add);
-    a7 = hn::MulAdd(a7, mul, add);
-#pragma GCC unroll 12
-    for (int k = 0; k < 12; ++k) {
+    if constexpr (kVectorRegisters == 32) {
+      b0 = hn::MulAdd(b0, mul, add);
+      b1 = hn::MulAdd(b1, mul, add);
+      b2 = hn::MulAdd(b2, mul, add);
+      b3 = hn::MulAdd(b3, mul, add);
+      b4 = hn::MulAdd(b4, mul, add);
+      b5 = hn::MulAdd(b5, mul, add);
+      b6 = hn::MulAdd(b6, mul, add);
+      b7 = hn::MulAdd(b7, mul, add);
+    } else {
+      a0 = hn::MulAdd(a0, mul, add);
+      a1 = hn::MulAdd(a1, mul, add);
+      a2 = hn::MulAdd(a2, mul, add);
+      a3 = hn::MulAdd(a3, mul, add);
+      a4 = hn::MulAdd(a4, mul, add);
+      a5 = hn::MulAdd(a5, mul, add);
+      a6 = hn::MulAdd(a6, mul, add);
+      a7 = hn::MulAdd(a7, mul, add);
+    }
+#pragma GCC unroll 24
+    for (int k = 0; k < kAdds; ++k) {
       x += y;
       asm volatile("" : "+r"(x));
     }
   }
   VF sum = hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
   sum = hn::Add(sum, hn::Add(hn::Add(a8, a9), hn::Add(a10, a11)));
+  sum = hn::Add(sum, hn::Add(hn::Add(hn::Add(b0, b1), hn::Add(b2, b3)), hn::Add(hn::Add(b4, b5), hn::Add(b6, b7))));
   return x + static_cast<uint64_t>(hn::GetLane(hn::SumOfLanes(df, sum)));
+}
+
+uint64_t FmaClockChain(int64_t iterations, int adds) {
+  switch (adds) {
+    case 6: return FmaClockChainT<6>(iterations);
+    case 24: return FmaClockChainT<24>(iterations);
+    default: return FmaClockChainT<12>(iterations);
+  }
 }
 
 int64_t FmaFlopsPerIteration() { return 4 * kChains * 2 * static_cast<int64_t>(hn::Lanes(DF())); }
@@ -235,7 +260,10 @@ HWY_EXPORT(SoftmaxRow);
 
 float fma_chains(int64_t iterations) { return HWY_DYNAMIC_DISPATCH(FmaChains)(iterations); }
 int64_t fma_flops_per_iteration() { return HWY_DYNAMIC_DISPATCH(FmaFlopsPerIteration)(); }
-uint64_t fma_clock_chain(int64_t iterations) { return HWY_DYNAMIC_DISPATCH(FmaClockChain)(iterations); }
+int fma_clock_adds(int fma_per_cycle) { return fma_per_cycle <= 1 ? 24 : fma_per_cycle >= 4 ? 6 : 12; }
+uint64_t fma_clock_chain(int64_t iterations, int fma_per_cycle) {
+  return HWY_DYNAMIC_DISPATCH(FmaClockChain)(iterations, fma_clock_adds(fma_per_cycle));
+}
 int float_lanes() { return HWY_DYNAMIC_DISPATCH(FloatLanes)(); }
 const char* probe_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 bool probe_native_fma() { return HWY_DYNAMIC_DISPATCH(NativeFma)(); }

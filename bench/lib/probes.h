@@ -11,9 +11,12 @@ namespace ioattn::peers {
 float fma_chains(int64_t iterations);
 // FLOPs one iteration of fma_chains performs on the dispatched target (4 x chains x 2 x lanes).
 int64_t fma_flops_per_iteration();
-// `iterations` steps of 20 FMAs on 12 chains beside 12 dependent integer adds, which set the
-// pace: 12 cycles a step at the clock the core holds while its FMA pipes run 83% busy.
-uint64_t fma_clock_chain(int64_t iterations);
+// Dependent integer adds a step of fma_clock_chain for a core issuing fma_per_cycle FMAs a cycle
+// at the dispatched width (24, 12 or 6; 12 when not known): its cycles a step.
+int fma_clock_adds(int fma_per_cycle);
+// `iterations` steps of 20 FMAs beside fma_clock_adds(fma_per_cycle) dependent integer adds,
+// which set the pace at the clock the core holds while its FMA pipes run 83% busy.
+uint64_t fma_clock_chain(int64_t iterations, int fma_per_cycle);
 // fp32 lanes of the dispatched target's vector.
 int float_lanes();
 // Highway's name for the dispatched target ("AVX3", "AVX2", "NEON").
