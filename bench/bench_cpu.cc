@@ -5,6 +5,11 @@
 //
 //   bench_cpu --benchmark_filter='D:128/S:4096/.*f32'        the headline shape
 //   bench_cpu --benchmark_filter='ceiling|D:64/'              peaks and D = 64
+//   IOATTN_BENCH_TARGET=AVX2 bench_cpu --benchmark_filter=ceiling/fma   probes and kernels on AVX2
+//
+// Every ratio names its ceiling: peak% is against the FMA probe measured at start-up (best of
+// three), of_probe% against the probes timed beside each call, theory% against the theoretical
+// peak (cores x FMA/cycle of bench/lib's core table x lanes x 2 x the clock measured at start-up).
 //
 // FLOPs follow the FlashAttention papers (bench/results/reference-figures.md):
 // 2 * B * Hq * (visible query-key pairs) * (D + Dv), so causal counts only the visible half.
@@ -15,6 +20,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <random>
 #include <string>
@@ -98,18 +104,27 @@ struct Problem {
   }
 };
 
-double fma_peak_gflops(int threads) {
-  static std::map<int, double> cache;
+const ioattn::peers::FmaCeiling& fma_ceiling(int threads) {
+  static std::map<int, ioattn::peers::FmaCeiling> cache;
   auto it = cache.find(threads);
   // Best of three: on the shared VM a probe that lands beside another tenant's burst reads low
-  // (two-thread probes of 97 and 186 GFLOP/s a minute apart), which would inflate every ratio.
+  // (two-thread probes of 97 and 186 GFLOP/s a minute apart), which would inflate every ratio;
+  // the clock likewise, which would deflate the theoretical figure.
   if (it == cache.end()) {
-    double best = 0;
-    for (int i = 0; i < 3; ++i) best = std::max(best, ioattn::peers::measure_fma_peak(threads, 0.3));
+    ioattn::peers::FmaCeiling best = ioattn::peers::measure_fma_ceiling(threads, 0.3);
+    for (int i = 1; i < 3; ++i) {
+      const ioattn::peers::FmaCeiling c = ioattn::peers::measure_fma_ceiling(threads, 0.3);
+      best.probe_gflops = std::max(best.probe_gflops, c.probe_gflops);
+      best.probe_core_gflops = std::max(best.probe_core_gflops, c.probe_core_gflops);
+      best.clock_ghz = std::max(best.clock_ghz, c.clock_ghz);
+      best.integer_clock_ghz = std::max(best.integer_clock_ghz, c.integer_clock_ghz);
+    }
     it = cache.emplace(threads, best).first;
   }
   return it->second;
 }
+
+double fma_peak_gflops(int threads) { return fma_ceiling(threads).probe_gflops; }
 
 // Seconds per call of the f32 standard baseline at this shape (dtype ignored: the baseline
 // computes in f32 whatever the storage), measured once per process.
@@ -146,6 +161,8 @@ void report(benchmark::State& state, const Shape& s, const AttnParams& p, double
   const double gflops = flops / seconds / 1e9;
   state.counters["GFLOP/s"] = gflops;
   state.counters["peak%"] = 100.0 * gflops / fma_peak_gflops(s.threads);
+  const double theory = fma_ceiling(s.threads).theoretical_gflops();
+  if (theory > 0) state.counters["theory%"] = 100.0 * gflops / theory;
   state.counters["scratch_MiB"] = scratch_bytes / double(1 << 20);
   state.counters["heads"] = double(p.heads_q);
 }
@@ -225,21 +242,43 @@ void BM_Standard(benchmark::State& state, Shape s) {
   report(state, s, pr.p, seconds, double(scratch));
 }
 
+// The probe beside its theoretical figure (cores x FMA/cycle x lanes x 2 x measured clock; the
+// label spells it out): of_theory% is how close the probe comes over wall time, core_of_theory%
+// over the probe threads' own CPU time (what other processes on the cores leave out), GHz the
+// clock measured around it.
 void BM_FmaPeak(benchmark::State& state, int threads) {
-  double g = 0;
-  for (auto _ : state) g = ioattn::peers::measure_fma_peak(threads, 0.2);
-  state.counters["GFLOP/s"] = g;
+  ioattn::peers::FmaCeiling c;
+  for (auto _ : state) c = ioattn::peers::measure_fma_ceiling(threads, 0.2);
+  state.counters["GFLOP/s"] = c.probe_gflops;
+  state.counters["core_GFLOP/s"] = c.probe_core_gflops;
+  state.counters["GHz"] = c.clock_ghz;
+  state.counters["int_GHz"] = c.integer_clock_ghz;
+  const double theory = c.theoretical_gflops();
+  if (theory > 0) {
+    state.counters["theory_GFLOP/s"] = theory;
+    state.counters["of_theory%"] = 100.0 * c.probe_gflops / theory;
+    state.counters["core_of_theory%"] = 100.0 * c.probe_core_gflops / theory;
+  }
+  state.SetLabel(c.describe());
 }
 
+// The best read method's GB/s, and each method's (s<streams per thread>_GB/s).
 void BM_ReadBandwidth(benchmark::State& state, int threads, size_t bytes) {
-  double g = 0;
-  for (auto _ : state) g = ioattn::peers::measure_read_bandwidth(threads, bytes, 0.2);
-  state.counters["GB/s"] = g;
+  ioattn::peers::ReadCeiling r;
+  for (auto _ : state) r = ioattn::peers::measure_read_ceiling(threads, bytes, 0.2);
+  state.counters["GB/s"] = r.gbs;
+  for (const auto& [streams, gbs] : r.by_streams) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "s%d_GB/s", streams);
+    state.counters[name] = gbs;
+  }
+  state.SetLabel("best: " + std::to_string(r.streams) + " stream(s) per thread");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (!ioattn::peers::apply_target_env()) return 2;
   const int all = ioattn::cpu::default_threads();
   std::vector<int> thread_counts = {1};
   if (all > 1) thread_counts.push_back(all);

@@ -1,17 +1,20 @@
 // Decode benchmark (one query token per sequence against a KV cache), through the public
 // ioattn_forward_kvcache entry point. Decode is memory-bound: the figure of merit is the K/V
 // bytes read per second, reported against a plain vector read of the same K/V bytes by as many
-// threads, timed before and after every call (of_read%: the median per-call ratio), and against a 1 GiB read measured once at the
-// start (of_dram%, bench/lib). model_MiB is the traffic model's DRAM bytes for the call on the
+// threads, timed before and after every call (of_read%: the median per-call ratio), and against a
+// 1 GiB read measured once at the start (of_dram%, bench/lib: the best of 1, 2, 4 and 8 streams per
+// thread; the paired reads use the method that won). model_MiB is the traffic model's DRAM bytes for the call on the
 // detected host; of_model% the time those bytes take at the paired read's rate over the measured
 // time (100% = the kernel moves only what the model says, as fast as a plain read).
 // fma_GB/s is the K/V rate at which the call's arithmetic (2 flops per multiply-add, Q K^T and
-// P V: 4 B Hq Sk D flops) would run at the FMA peak measured once at the start; of_bound% divides
+// P V: 4 B Hq Sk D flops) would run at the FMA probe measured once at the start (ceiling/fma_peak
+// prints it beside the theoretical peak, cores x FMA/cycle x lanes x 2 x clock); of_bound% divides
 // GB/s by the lower of it and the paired read. Where fma_GB/s is under the read (few cores, GQA
 // 4, a core with one 256-bit FMA per cycle), no kernel reaches the read, and of_bound% says how
 // close this one comes to what the machine allows.
 //
 //   bench_decode --benchmark_filter='ceiling|B:8'
+//   IOATTN_BENCH_TARGET=AVX2 bench_decode ...       probes and kernels on AVX2
 //
 // Shapes: a GQA decoder's, Hq = 32 query heads over Hkv = 8 KV heads (GQA 4), D = 128, f32 q/out
 // (edge decoders keep activations in f32) over f16 or bf16 caches of 4k..32k tokens; f16_groups
@@ -20,6 +23,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -75,30 +79,54 @@ struct Decode {
   double kv_bytes() const { return double(elements) * 2.0 * 2.0; }
 };
 
-double dram_read_gbs(int threads) {
-  static double cached[64] = {};
-  if (cached[threads] == 0) cached[threads] = ioattn::peers::measure_read_bandwidth(threads, size_t(1) << 30);
+// The start-up read ceiling at 1 GiB, best of kReadStreams' methods; the paired reads use the
+// method that won.
+const ioattn::peers::ReadCeiling& dram_read(int threads) {
+  static ioattn::peers::ReadCeiling cached[64];
+  if (cached[threads].gbs == 0) cached[threads] = ioattn::peers::measure_read_ceiling(threads, size_t(1) << 30);
   return cached[threads];
 }
 
-double fma_peak_gflops(int threads) {
-  static double cached[64] = {};
-  if (cached[threads] == 0) cached[threads] = ioattn::peers::measure_fma_peak(threads);
+double dram_read_gbs(int threads) { return dram_read(threads).gbs; }
+
+const ioattn::peers::FmaCeiling& fma_ceiling(int threads) {
+  static ioattn::peers::FmaCeiling cached[64];
+  if (cached[threads].probe_gflops == 0) cached[threads] = ioattn::peers::measure_fma_ceiling(threads);
   return cached[threads];
 }
 
+double fma_peak_gflops(int threads) { return fma_ceiling(threads).probe_gflops; }
+
+// The probe beside its theoretical figure; the label spells the latter out.
 void BM_FmaPeak(benchmark::State& state) {
   const int threads = int(state.range(0));
-  double gflops = 0;
-  for (auto _ : state) gflops = fma_peak_gflops(threads);
-  state.counters["GFLOP/s"] = gflops;
+  for (auto _ : state) fma_ceiling(threads);
+  const ioattn::peers::FmaCeiling& c = fma_ceiling(threads);
+  state.counters["GFLOP/s"] = c.probe_gflops;
+  state.counters["core_GFLOP/s"] = c.probe_core_gflops;
+  state.counters["GHz"] = c.clock_ghz;
+  state.counters["int_GHz"] = c.integer_clock_ghz;
+  const double theory = c.theoretical_gflops();
+  if (theory > 0) {
+    state.counters["theory_GFLOP/s"] = theory;
+    state.counters["of_theory%"] = 100.0 * c.probe_gflops / theory;
+    state.counters["core_of_theory%"] = 100.0 * c.probe_core_gflops / theory;
+  }
+  state.SetLabel(c.describe());
 }
 
+// The best method's GB/s, and each method's (s<streams per thread>_GB/s).
 void BM_ReadBandwidth(benchmark::State& state) {
   const int threads = int(state.range(0));
-  double gbs = 0;
-  for (auto _ : state) gbs = dram_read_gbs(threads);
-  state.counters["GB/s"] = gbs;
+  for (auto _ : state) dram_read(threads);
+  const ioattn::peers::ReadCeiling& r = dram_read(threads);
+  state.counters["GB/s"] = r.gbs;
+  for (const auto& [streams, gbs] : r.by_streams) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "s%d_GB/s", streams);
+    state.counters[name] = gbs;
+  }
+  state.SetLabel("best: " + std::to_string(r.streams) + " stream(s) per thread");
 }
 
 void BM_Decode(benchmark::State& state, ioattn::DType cache_dtype) {
@@ -119,15 +147,16 @@ void BM_Decode(benchmark::State& state, ioattn::DType cache_dtype) {
   // reported beside it.
   const void* buffers[2] = {d.k.get(), d.v.get()};
   const size_t bytes[2] = {d.elements * 2, d.elements * 2};
+  const int streams = dram_read(threads).streams;
   double total = 0, read_total = 0;
   std::vector<double> ratios;
   for (auto _ : state) {
-    const double before = ioattn::peers::time_read_once(threads, buffers, bytes, 2);
+    const double before = ioattn::peers::time_read_once(threads, buffers, bytes, 2, streams);
     const auto t0 = Clock::now();
     ioattn_forward_kvcache(&d.tq, &d.cache, nullptr, nullptr, &d.to, nullptr, &opt);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     state.SetIterationTime(dt);
-    const double read = 0.5 * (before + ioattn::peers::time_read_once(threads, buffers, bytes, 2));
+    const double read = 0.5 * (before + ioattn::peers::time_read_once(threads, buffers, bytes, 2, streams));
     total += dt;
     read_total += read;
     ratios.push_back(read / dt);
@@ -189,4 +218,11 @@ BENCHMARK_CAPTURE(BM_Decode, f16, ioattn::DType::f16)->Apply(DecodeArgs);
 BENCHMARK_CAPTURE(BM_Decode, bf16, ioattn::DType::bf16)->Apply(DecodeArgs);
 BENCHMARK_CAPTURE(BM_Decode, f16_groups, ioattn::DType::f16)->Apply(GroupArgs);
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  if (!ioattn::peers::apply_target_env()) return 2;
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

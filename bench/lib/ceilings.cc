@@ -1,13 +1,24 @@
 // The machine's ceilings, measured in the same process as the kernel they judge.
+#include <sched.h>
+#include <time.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "bench/lib/peers.h"
 #include "bench/lib/probes.h"
 #include "common/alloc.h"
+#include "hwy/targets.h"
 
 namespace ioattn::peers {
 namespace {
@@ -49,20 +60,20 @@ int64_t fma_steps_for(double seconds) {
   }
 }
 
+// Seconds of CPU time the calling thread has run: what a thread's own work took however long other
+// processes held its core (a KVM guest cannot see the host's steal, which still counts).
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
 double fma_team_gflops(int threads, int64_t steps) {
   const double dt = timed_team(threads, [&](int) { g_sink.store(fma_chains(steps)); });
   return double(fma_flops_per_iteration()) * double(steps) * threads / dt / 1e9;
 }
 
 }  // namespace
-
-double measure_fma_peak(int threads, double seconds) {
-  threads = std::max(threads, 1);
-  const int64_t steps = fma_steps_for(seconds);
-  double best = 0;
-  for (int run = 0; run < 3; ++run) best = std::max(best, fma_team_gflops(threads, steps));
-  return best;
-}
 
 double fma_probe_once(int threads) {
   // Calibrated once per process: 50 ms of chains, long against the team's start-up (~50 us)
@@ -71,43 +82,305 @@ double fma_probe_once(int threads) {
   return fma_team_gflops(std::max(threads, 1), steps);
 }
 
-double measure_read_bandwidth(int threads, size_t bytes, double seconds) {
+namespace {
+
+// 64 dependent register-to-register integer adds a step. The empty asm makes x a register the
+// compiler must assume changed after every add, so it can neither fold the adds nor reorder them;
+// the addend is a register of unknown value, since Golden Cove's renamer folds chains of adds of
+// a small immediate. The chain is 64 one-cycle adds a step on every
+// core in the table, and the loop's own counter, compare and branch run beside it on other ports.
+uint64_t add_chain(int64_t steps) {
+  uint64_t x = 0, y = 1;
+  asm volatile("" : "+r"(y));
+  for (int64_t i = 0; i < steps; ++i) {
+#pragma GCC unroll 64
+    for (int k = 0; k < 64; ++k) {
+      x += y;
+      asm volatile("" : "+r"(x));
+    }
+  }
+  return x;
+}
+
+// The first processor's "key : value" fields of /proc/cpuinfo (x86: vendor_id, cpu family, model,
+// model name; AArch64: CPU implementer, CPU part).
+std::string cpuinfo_field(const std::string& key) {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon);
+    name.erase(name.find_last_not_of(" \t") + 1);
+    if (name != key) continue;
+    const size_t value = line.find_first_not_of(" \t", colon + 1);
+    return value == std::string::npos ? std::string() : line.substr(value);
+  }
+  return {};
+}
+
+// Vector FMA instructions a core issues per cycle at 128-, 256- and 512-bit width (0 = the width
+// does not exist there). Sources: Intel's optimization manual and ARK ("# of AVX-512 FMA Units"),
+// AMD's software optimization guides for families 17h and 19h, Arm's Neoverse software
+// optimization guides. Where a core splits a wide op into narrower halves the rate halves: Zen
+// and Zen+ run a 256-bit FMA as two 128-bit ops on their two 128-bit FMA pipes (1 a cycle), Zen 4
+// a 512-bit one as two 256-bit ops on its two 256-bit pipes (1 a cycle, the lanes of 2 x 256 a
+// cycle), client Ice Lake / Tiger Lake / Rocket Lake fuse ports 0 and 1 into their one 512-bit
+// FMA.
+struct CoreRow {
+  const char* vendor;  // vendor_id on x86; "ARM" for Arm's own cores (CPU implementer 0x41)
+  int family;          // x86 cpu family; 0 on Arm
+  int model_lo, model_hi;  // x86 model range, or the Arm CPU part
+  const char* name;
+  int fma128, fma256, fma512;
+};
+
+constexpr CoreRow kCores[] = {
+    {"GenuineIntel", 6, 0x3C, 0x3C, "Intel Haswell", 2, 2, 0},
+    {"GenuineIntel", 6, 0x3F, 0x3F, "Intel Haswell-EP", 2, 2, 0},
+    {"GenuineIntel", 6, 0x45, 0x46, "Intel Haswell", 2, 2, 0},
+    {"GenuineIntel", 6, 0x3D, 0x3D, "Intel Broadwell", 2, 2, 0},
+    {"GenuineIntel", 6, 0x47, 0x47, "Intel Broadwell", 2, 2, 0},
+    {"GenuineIntel", 6, 0x4F, 0x4F, "Intel Broadwell-EP", 2, 2, 0},
+    {"GenuineIntel", 6, 0x56, 0x56, "Intel Broadwell-DE", 2, 2, 0},
+    {"GenuineIntel", 6, 0x4E, 0x4E, "Intel Skylake client", 2, 2, 0},
+    {"GenuineIntel", 6, 0x5E, 0x5E, "Intel Skylake client", 2, 2, 0},
+    {"GenuineIntel", 6, 0x8E, 0x8E, "Intel Kaby/Coffee/Whiskey Lake", 2, 2, 0},
+    {"GenuineIntel", 6, 0x9E, 0x9E, "Intel Kaby/Coffee Lake", 2, 2, 0},
+    {"GenuineIntel", 6, 0xA5, 0xA6, "Intel Comet Lake", 2, 2, 0},
+    // Skylake-SP, Cascade Lake, Cooper Lake: 2 x 512 on Gold 6xxx / Platinum; core_fma() drops to
+    // 1 on Bronze, Silver and Gold 5xxx, which have one 512-bit FMA unit (ARK lists a few Gold 5
+    // parts with two: there the probe reads about 200% of the theoretical figure, which shows it).
+    {"GenuineIntel", 6, 0x55, 0x55, "Intel Skylake-SP/Cascade Lake Xeon", 2, 2, 2},
+    {"GenuineIntel", 6, 0x6A, 0x6A, "Intel Ice Lake Xeon", 2, 2, 2},
+    {"GenuineIntel", 6, 0x6C, 0x6C, "Intel Ice Lake Xeon", 2, 2, 2},
+    {"GenuineIntel", 6, 0x7D, 0x7E, "Intel Ice Lake client", 2, 2, 1},
+    {"GenuineIntel", 6, 0x8C, 0x8D, "Intel Tiger Lake", 2, 2, 1},
+    {"GenuineIntel", 6, 0xA7, 0xA7, "Intel Rocket Lake", 2, 2, 1},
+    // Golden / Raptor Cove server cores: ports 0 and 1 (fused for 512-bit) plus port 5's 512-bit
+    // FMA; 256-bit FMAs issue on ports 0 and 1 only.
+    {"GenuineIntel", 6, 0x8F, 0x8F, "Intel Xeon Sapphire Rapids", 2, 2, 2},
+    {"GenuineIntel", 6, 0xCF, 0xCF, "Intel Xeon Emerald Rapids", 2, 2, 2},
+    {"GenuineIntel", 6, 0xAD, 0xAE, "Intel Xeon Granite Rapids", 2, 2, 2},
+    {"AuthenticAMD", 0x17, 0x00, 0x2F, "AMD Zen/Zen+", 2, 1, 0},
+    {"AuthenticAMD", 0x17, 0x30, 0xFF, "AMD Zen 2", 2, 2, 0},
+    {"AuthenticAMD", 0x19, 0x00, 0x0F, "AMD Zen 3", 2, 2, 0},
+    {"AuthenticAMD", 0x19, 0x20, 0x5F, "AMD Zen 3", 2, 2, 0},
+    {"AuthenticAMD", 0x19, 0x10, 0x1F, "AMD Zen 4", 2, 2, 1},
+    {"AuthenticAMD", 0x19, 0x60, 0x7F, "AMD Zen 4", 2, 2, 1},
+    {"AuthenticAMD", 0x19, 0xA0, 0xAF, "AMD Zen 4", 2, 2, 1},
+    {"ARM", 0, 0xD0C, 0xD0C, "Arm Neoverse N1", 2, 0, 0},
+    {"ARM", 0, 0xD49, 0xD49, "Arm Neoverse N2", 2, 0, 0},
+    {"ARM", 0, 0xD40, 0xD40, "Arm Neoverse V1", 4, 0, 0},
+    {"ARM", 0, 0xD4F, 0xD4F, "Arm Neoverse V2", 4, 0, 0},
+};
+
+long parse_number(const std::string& text) { return text.empty() ? -1 : std::strtol(text.c_str(), nullptr, 0); }
+
+}  // namespace
+
+CoreFma core_fma(int vector_bits) {
+  CoreFma out;
+  std::string vendor = cpuinfo_field("vendor_id");
+  long family = parse_number(cpuinfo_field("cpu family")), model = parse_number(cpuinfo_field("model"));
+  char id[96];
+  if (vendor.empty() && parse_number(cpuinfo_field("CPU implementer")) == 0x41) {
+    vendor = "ARM";
+    family = 0;
+    model = parse_number(cpuinfo_field("CPU part"));
+    std::snprintf(id, sizeof(id), "Arm CPU part 0x%lx", model);
+  } else {
+    std::snprintf(id, sizeof(id), "%s family 0x%lx model 0x%lx", vendor.empty() ? "unknown vendor" : vendor.c_str(),
+                  family, model);
+  }
+  out.core = std::string("unknown core (") + id + ")";
+  for (const CoreRow& row : kCores) {
+    if (vendor != row.vendor || family != row.family || model < row.model_lo || model > row.model_hi) continue;
+    out.core = row.name;
+    out.fma_per_cycle = vector_bits <= 128 ? row.fma128 : vector_bits <= 256 ? row.fma256 : row.fma512;
+    if (row.family == 6 && row.model_lo == 0x55 && vector_bits > 256) {
+      const std::string name = cpuinfo_field("model name");
+      if (name.find("Bronze") != std::string::npos || name.find("Silver") != std::string::npos ||
+          name.find("Gold 5") != std::string::npos) {
+        out.fma_per_cycle = 1;
+      }
+    }
+    if (out.fma_per_cycle == 0) out.core += " (no FMA at this width)";
+    break;
+  }
+  return out;
+}
+
+int cores_for(int threads) {
   threads = std::max(threads, 1);
-  // Each slice a whole number of 8 x 64-byte blocks, so every target's 8-vector loop covers it.
-  const size_t quantum = 8 * 64 / sizeof(float);
-  const size_t per_thread = std::max(quantum, bytes / sizeof(float) / size_t(threads) / quantum * quantum);
-  ScratchPtr<float> buffer = scratch_array<float>(per_thread * size_t(threads));
-  if (!buffer) return 0;
-  // First touch by the thread that will read the slice (NUMA placement).
-  timed_team(threads, [&](int t) { std::fill_n(buffer.get() + size_t(t) * per_thread, per_thread, 1.f); });
-  int passes = 1;
+  // Physical cores the affinity mask allows: distinct (package, core) pairs in sysfs topology, so
+  // SMT siblings count once.
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return threads;
+  std::set<std::pair<long, long>> cores;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &set)) continue;
+    const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    long package = -1, core = -1;
+    std::ifstream(dir + "physical_package_id") >> package;
+    std::ifstream(dir + "core_id") >> core;
+    if (package < 0 || core < 0) return threads;
+    cores.emplace(package, core);
+  }
+  return cores.empty() ? threads : std::min(threads, int(cores.size()));
+}
+
+double measure_clock_ghz(int threads, int fma_per_cycle, double seconds) {
+  threads = std::max(threads, 1);
+  // Cycles a step: add_chain's 64 adds, or fma_clock_chain's adds beside its FMAs.
+  const double cycles = fma_per_cycle > 0 ? fma_clock_adds(fma_per_cycle) : 64.0;
+  const auto chain = [fma_per_cycle](int64_t steps) {
+    return float(fma_per_cycle > 0 ? fma_clock_chain(steps, fma_per_cycle) : add_chain(steps));
+  };
+  int64_t steps = 1 << 12;
   for (;;) {
-    const double dt = timed_team(threads, [&](int t) {
-      for (int p = 0; p < passes; ++p) g_sink.store(read_stream(buffer.get() + size_t(t) * per_thread, per_thread));
-    });
-    if (dt > seconds / 4 || passes > (1 << 20)) break;
-    passes *= 2;
+    const auto t0 = Clock::now();
+    g_sink.store(chain(steps));
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (dt > 0.005) {
+      steps = std::max<int64_t>(steps, int64_t(double(steps) * seconds / dt));
+      break;
+    }
+    steps *= 4;
   }
   double best = 0;
   for (int run = 0; run < 3; ++run) {
-    const double dt = timed_team(threads, [&](int t) {
-      for (int p = 0; p < passes; ++p) g_sink.store(read_stream(buffer.get() + size_t(t) * per_thread, per_thread));
+    // Each thread divides its cycles by its own CPU time, so neither a late start nor another
+    // process sharing the core reads as a slow clock; the figure is their mean, the clock the
+    // theoretical peak multiplies by the core count.
+    std::vector<double> ghz(size_t(threads), 0.0);
+    timed_team(threads, [&](int t) {
+      const double t0 = thread_cpu_seconds();
+      g_sink.store(chain(steps));
+      ghz[size_t(t)] = cycles * double(steps) / (thread_cpu_seconds() - t0) / 1e9;
     });
-    best = std::max(best, double(per_thread * sizeof(float)) * threads * passes / dt / 1e9);
+    double sum = 0;
+    for (double g : ghz) sum += g;
+    best = std::max(best, sum / threads);
   }
   return best;
 }
 
-double time_read_once(int threads, const void* const* buffers, const size_t* bytes, int n) {
+double FmaCeiling::theoretical_gflops() const {
+  return double(cores) * core.fma_per_cycle * lanes * 2 * clock_ghz;
+}
+
+std::string FmaCeiling::describe() const {
+  char text[320];
+  if (core.fma_per_cycle == 0) {
+    std::snprintf(text, sizeof(text), "theoretical peak unknown: %s, %s %d lanes, %.2f GHz under FMA load (%.2f integer)",
+                  core.core.c_str(), target.c_str(), lanes, clock_ghz, integer_clock_ghz);
+  } else {
+    std::snprintf(text, sizeof(text),
+                  "%d cores x %d FMA/cycle x %d lanes x 2 x %.2f GHz = %.1f GFLOP/s (%s, %s; clock under FMA load, "
+                  "%.2f GHz integer-only)",
+                  cores, core.fma_per_cycle, lanes, clock_ghz, theoretical_gflops(), core.core.c_str(), target.c_str(),
+                  integer_clock_ghz);
+  }
+  return text;
+}
+
+FmaCeiling measure_fma_ceiling(int threads, double seconds) {
+  FmaCeiling c;
   threads = std::max(threads, 1);
-  // Slices of whole 8 x 64-byte blocks (read_stream's loop); a buffer's last few blocks, under
-  // 512 x threads bytes, go unread.
-  const size_t quantum = 8 * 64;
+  c.target = probe_target();
+  c.lanes = float_lanes();
+  c.cores = cores_for(threads);
+  c.core = core_fma(c.lanes * 32);
+  if (!probe_native_fma()) c.core = {c.core.core + " (target without FMA instructions)", 0};
+  // The clock under FMA load on either side of the probe, the higher counting: a lowered clock
+  // would flatter the probe's ratio.
+  // An unknown core's FMAs are paced as 2 a cycle, the table's commonest; its theoretical figure
+  // is not printed anyway.
+  const int pace = c.core.fma_per_cycle > 0 ? c.core.fma_per_cycle : 2;
+  c.integer_clock_ghz = measure_clock_ghz(threads, 0);
+  const double before = measure_clock_ghz(threads, pace);
+  const int64_t steps = fma_steps_for(seconds);
+  for (int run = 0; run < 3; ++run) {
+    std::vector<double> in_core(size_t(threads), 0.0);
+    const double dt = timed_team(threads, [&](int t) {
+      const double t0 = thread_cpu_seconds();
+      g_sink.store(fma_chains(steps));
+      in_core[size_t(t)] = double(fma_flops_per_iteration()) * double(steps) / (thread_cpu_seconds() - t0) / 1e9;
+    });
+    c.probe_gflops = std::max(c.probe_gflops, double(fma_flops_per_iteration()) * double(steps) * threads / dt / 1e9);
+    double sum = 0;
+    for (double g : in_core) sum += g;
+    // Threads beyond the cores share them, so the in-core sum counts each core once.
+    c.probe_core_gflops = std::max(c.probe_core_gflops, sum * c.cores / threads);
+  }
+  c.clock_ghz = std::max(before, measure_clock_ghz(threads, pace));
+  return c;
+}
+
+bool force_target(const std::string& name) {
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    if (name == hwy::TargetName(target)) {
+      hwy::SetSupportedTargetsForTest(target);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool apply_target_env() {
+  const char* name = std::getenv("IOATTN_BENCH_TARGET");
+  if (name == nullptr || *name == '\0') return true;
+  if (force_target(name)) return true;
+  std::fprintf(stderr, "IOATTN_BENCH_TARGET=%s: not a target this build and machine run; available:", name);
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) std::fprintf(stderr, " %s", hwy::TargetName(target));
+  std::fprintf(stderr, "\n");
+  return false;
+}
+
+ReadCeiling measure_read_ceiling(int threads, size_t bytes, double seconds) {
+  threads = std::max(threads, 1);
+  ReadCeiling result;
+  // Each slice a whole number of 8 streams x 8 x 64-byte blocks, so every method's loop covers it.
+  const size_t quantum = 8 * 8 * 64 / sizeof(float);
+  const size_t per_thread = std::max(quantum, bytes / sizeof(float) / size_t(threads) / quantum * quantum);
+  ScratchPtr<float> buffer = scratch_array<float>(per_thread * size_t(threads));
+  if (!buffer) return result;
+  // First touch by the thread that will read the slice (NUMA placement).
+  timed_team(threads, [&](int t) { std::fill_n(buffer.get() + size_t(t) * per_thread, per_thread, 1.f); });
+  for (int streams : kReadStreams) {
+    const auto pass = [&](int passes) {
+      return timed_team(threads, [&](int t) {
+        for (int p = 0; p < passes; ++p) {
+          g_sink.store(read_stream(buffer.get() + size_t(t) * per_thread, per_thread, streams));
+        }
+      });
+    };
+    int passes = 1;
+    while (pass(passes) <= seconds / 4 && passes <= (1 << 20)) passes *= 2;
+    double best = 0;
+    for (int run = 0; run < 3; ++run) {
+      best = std::max(best, double(per_thread * sizeof(float)) * threads * passes / pass(passes) / 1e9);
+    }
+    result.by_streams.emplace_back(streams, best);
+    if (best > result.gbs) {
+      result.gbs = best;
+      result.streams = streams;
+    }
+  }
+  return result;
+}
+
+double time_read_once(int threads, const void* const* buffers, const size_t* bytes, int n, int streams) {
+  threads = std::max(threads, 1);
+  // Slices of whole 64-byte lines, so every load is aligned; a buffer's last few lines, under
+  // 64 x threads bytes, go unread.
+  const size_t quantum = 64;
   return timed_team(threads, [&](int t) {
     for (int i = 0; i < n; ++i) {
       const size_t slice = bytes[i] / size_t(threads) / quantum * quantum;
       const float* at = reinterpret_cast<const float*>(static_cast<const char*>(buffers[i]) + size_t(t) * slice);
-      g_sink.store(read_stream(at, slice / sizeof(float)));
+      g_sink.store(read_stream(at, slice / sizeof(float), streams));
     }
   });
 }
