@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -317,6 +318,28 @@ HardwareProfile detect_host() {
   static HardwareProfile host;
   std::call_once(once, [] { host = detect_host_uncached(); });
   return host;
+}
+
+HardwareProfile planning_host() {
+  static std::once_flag once;
+  static HardwareProfile planned;
+  std::call_once(once, [] {
+    const char* env = std::getenv("IOATTN_HW_PROFILE");
+    const std::string want = env ? env : "";
+    std::string error;
+    bool found = false;
+    for (const HardwareProfile& hw : builtin_profiles()) {
+      if (hw.name == want && hw.kind == DeviceKind::cpu) {
+        planned = hw;
+        found = true;
+      }
+    }
+    if (!found && (want.empty() || !load_profile_file(want, &planned, &error) || planned.kind != DeviceKind::cpu)) {
+      planned = detect_host();
+      if (!want.empty()) planned.description += "; IOATTN_HW_PROFILE='" + want + "' is no CPU profile, ignored";
+    }
+  });
+  return planned;
 }
 
 bool find_profile(const std::string& name, HardwareProfile* out, std::string* error) {

@@ -56,6 +56,12 @@ bool find_profile(const std::string& name, HardwareProfile* out, std::string* er
 // Highway's dispatch target.
 HardwareProfile detect_host();
 
+// The profile the CPU backend plans for: the built-in profile or JSON profile file that the
+// environment variable IOATTN_HW_PROFILE names (read once, at the first call), else
+// detect_host(). A value that names neither gives the detected host, with the value quoted in its
+// description. Lets a cache simulator's run plan for the hierarchy it simulates (docs/api.md).
+HardwareProfile planning_host();
+
 // CPUs the calling thread's affinity mask allows (all online CPUs where there is no mask).
 int available_cpus();
 
