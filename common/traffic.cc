@@ -897,6 +897,39 @@ GemmL1 sgemm_l1(int64_t M, int64_t N, int64_t K, double l1, const GemmBlocking& 
   return t;
 }
 
+// What the starts of a call's units cost a level past L1: every unit but each worker's first
+// refills its first tile's buffers after the unit before (first_tile); each worker's first unit
+// fills what it touches in a cold call, and in the steady state of repeated calls follows the
+// previous call's last unit as any other unit follows the one before.
+double unit_starts(bool cold, double units, double active, double first_tile, double touched) {
+  const double firsts = std::min(units, active);
+  return (units - firsts) * first_tile + (cold ? active * touched : firsts * first_tile);
+}
+
+// Head mode's copies written across a level past L1, in copies. Each worker packs every unit into
+// the same scratch, over the unit before's copy (a worker's first unit: over the previous call's,
+// or, in a cold call, into lines never touched). A copy line stays from its last read to its
+// rewrite if that window fits its sets (kept(keys, others): the fraction of the copy kept with
+// `keys` keys of it and the buffers `others` touched in between): the rest of the copy (the last
+// tile streamed the keys after it, the packing writes those before it), the tile's buffers and
+// rows (`tile`) and the caller's K/V rows packed before it, averaged over the keys (8 points): at
+// S = 512, D = 64 on a 512 KiB L2 the copy and the buffers (426 KiB) fit, but not beside the
+// caller's 256 KiB of K/V, so every call fills the copy again. On a 260 MiB L3 the 4 MiB copy at
+// S = 4096 stays, and counting it per unit would put flash above standard there.
+template <class Kept>
+double head_copies_written(bool cold, double units, double active, Kept kept, std::vector<double> tile,
+                           double union_keys, double src_key) {
+  constexpr int kSteps = 8;
+  double stays = 0;
+  tile.push_back(0);
+  for (int i = 0; i < kSteps; ++i) {
+    tile.back() = (double(i) + 0.5) / kSteps * union_keys * src_key;
+    stays += kept(union_keys, tile) / kSteps;
+  }
+  const double firsts = std::min(units, active);
+  return (cold ? firsts : firsts * (1 - stays)) + (units - firsts) * (1 - stays);
+}
+
 TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw, const StandardPasses& sp,
                           const TrafficOptions& opt) {
   TrafficReport rep;
@@ -988,8 +1021,7 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
           // (cpu_tile_refills): every tile but each worker's first, which fills what it touches.
           SetOccupancy occ(share, opt.cache_ways, double(inner.line_bytes), 0, 0, 0);
           const TileRefills t = cpu_tile_refills(pr, plan, ks, occ, false);
-          fr += units * (t.inside + t.tile_refill) + std::max(0.0, units - active) * t.first_tile +
-                (opt.cold_scratch ? active * t.touched : 0.0);
+          fr += units * (t.inside + t.tile_refill) + unit_starts(opt.cold_scratch, units, active, t.first_tile, t.touched);
         }
       } else {
         // Head mode: the caller's K/V is read once per unit and written as one fp32 copy, which
@@ -1055,7 +1087,7 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
           prev0 = t0;
           prev1 = t1;
         }
-        fr = q_flash + kv_once + units * packed_row * copy_reads + (opt.cold_scratch ? active * ws : 0.0);
+        fr = q_flash + kv_once + units * packed_row * copy_reads;
         // Inside a tile, what this level (or a larger one inside it) loses of the K/V block from
         // panel to panel, of S^T, and of the panels' Q^T and O rows from block to block, and at a
         // tile's start what the tile before evicted of its buffers (cpu_tile_refills), set by set:
@@ -1065,16 +1097,9 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
         // high at S=2048, D=64, 312x128, where the line-level simulation (l1_sim.py --l2) refills
         // Q^T and O for 3% of the copy's re-read bytes.
         const TileRefills t = cpu_tile_refills(pr, plan, ks, occ, true);
-        fr += units * (t.inside + t.tile_refill) + std::max(0.0, units - active) * t.first_tile;
-        // Each worker packs every unit into the same scratch: where the copy fits the worker's
-        // share beside the tile's buffers, the next unit's packing overwrites lines still held
-        // dirty here and only a cold call's first touch of each worker's copy crosses (as
-        // standard's S, when it stays); otherwise every unit's copy is evicted below. On the
-        // host's 260 MiB L3 the 4 MiB copy at S = 4096 stays, and counting it per unit put flash
-        // above standard at the DRAM boundary (192 vs 128 MiB).
-        const double copies_written =
-            head_copy + ws <= share ? (opt.cold_scratch ? std::min(units, double(active)) : 0.0) : units;
-        fw = sz.o + sz.lse + copies_written * head_copy;
+        fr += units * (t.inside + t.tile_refill) + unit_starts(opt.cold_scratch, units, active, t.first_tile, ws);
+        fw = sz.o + sz.lse +
+             head_copies_written(opt.cold_scratch, units, active, copy_kept, between, union_keys_d, src_key) * head_copy;
       }
       // Decode: a working set larger than this level's per-worker share spills: its per-step
       // traffic then crosses this boundary as it crosses L1d-L2. Only if it fits no level between:
