@@ -320,24 +320,23 @@ HardwareProfile detect_host() {
   return host;
 }
 
+HardwareProfile planning_profile(const std::string& value) {
+  for (const HardwareProfile& hw : builtin_profiles())
+    if (hw.name == value && hw.kind == DeviceKind::cpu) return hw;
+  HardwareProfile file;
+  std::string error;
+  if (!value.empty() && load_profile_file(value, &file, &error) && file.kind == DeviceKind::cpu) return file;
+  HardwareProfile host = detect_host();
+  if (!value.empty()) host.description += "; IOATTN_HW_PROFILE='" + value + "' is no CPU profile, ignored";
+  return host;
+}
+
 HardwareProfile planning_host() {
   static std::once_flag once;
   static HardwareProfile planned;
   std::call_once(once, [] {
     const char* env = std::getenv("IOATTN_HW_PROFILE");
-    const std::string want = env ? env : "";
-    std::string error;
-    bool found = false;
-    for (const HardwareProfile& hw : builtin_profiles()) {
-      if (hw.name == want && hw.kind == DeviceKind::cpu) {
-        planned = hw;
-        found = true;
-      }
-    }
-    if (!found && (want.empty() || !load_profile_file(want, &planned, &error) || planned.kind != DeviceKind::cpu)) {
-      planned = detect_host();
-      if (!want.empty()) planned.description += "; IOATTN_HW_PROFILE='" + want + "' is no CPU profile, ignored";
-    }
+    planned = planning_profile(env ? env : "");
   });
   return planned;
 }
