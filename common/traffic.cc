@@ -897,37 +897,31 @@ GemmL1 sgemm_l1(int64_t M, int64_t N, int64_t K, double l1, const GemmBlocking& 
   return t;
 }
 
+// Whether each worker's first unit of a call fills head mode's scratch at a level past L1: always
+// in a cold call; in the steady state of repeated calls where the scratch (`scratch` bytes) and one
+// unit's caller tensors (`unit_io`: Q, K, V and O, which the calls stream between the previous
+// call's last use of a scratch line and this call's first) overflow the worker's share. At S = 512,
+// D = 64 on a 512 KiB L2 the copy and the tile's buffers (426 KiB) fit but not with the caller's
+// tensors, and every call fills the copy again (its write misses are the same in a second call).
+bool first_unit_fills(bool cold, double scratch, double unit_io, double share) {
+  return cold || scratch + unit_io > share;
+}
+
 // What the starts of a call's units cost a level past L1: every unit but each worker's first
 // refills its first tile's buffers after the unit before (first_tile); each worker's first unit
-// fills what it touches in a cold call, and in the steady state of repeated calls follows the
-// previous call's last unit as any other unit follows the one before.
-double unit_starts(bool cold, double units, double active, double first_tile, double touched) {
-  const double firsts = std::min(units, active);
-  return (units - firsts) * first_tile + (cold ? active * touched : firsts * first_tile);
+// fills what it touches where first_unit_fills says so.
+double unit_starts(bool fills, double units, double active, double first_tile, double touched) {
+  return std::max(0.0, units - active) * first_tile + (fills ? active * touched : 0.0);
 }
 
 // Head mode's copies written across a level past L1, in copies. Each worker packs every unit into
-// the same scratch, over the unit before's copy (a worker's first unit: over the previous call's,
-// or, in a cold call, into lines never touched). A copy line stays from its last read to its
-// rewrite if that window fits its sets (kept(keys, others): the fraction of the copy kept with
-// `keys` keys of it and the buffers `others` touched in between): the rest of the copy (the last
-// tile streamed the keys after it, the packing writes those before it), the tile's buffers and
-// rows (`tile`) and the caller's K/V rows packed before it, averaged over the keys (8 points): at
-// S = 512, D = 64 on a 512 KiB L2 the copy and the buffers (426 KiB) fit, but not beside the
-// caller's 256 KiB of K/V, so every call fills the copy again. On a 260 MiB L3 the 4 MiB copy at
-// S = 4096 stays, and counting it per unit would put flash above standard there.
-template <class Kept>
-double head_copies_written(bool cold, double units, double active, Kept kept, std::vector<double> tile,
-                           double union_keys, double src_key) {
-  constexpr int kSteps = 8;
-  double stays = 0;
-  tile.push_back(0);
-  for (int i = 0; i < kSteps; ++i) {
-    tile.back() = (double(i) + 0.5) / kSteps * union_keys * src_key;
-    stays += kept(union_keys, tile) / kSteps;
-  }
-  const double firsts = std::min(units, active);
-  return (cold ? firsts : firsts * (1 - stays)) + (units - firsts) * (1 - stays);
+// the same scratch: where the copy fits the worker's share beside the tile's buffers (`fits`), the
+// next unit's packing overwrites lines still held and only each worker's first unit fills its
+// copy, where first_unit_fills says so; otherwise every unit's copy is evicted below. On a
+// 260 MiB L3 the 4 MiB copy at S = 4096 stays, and counting it per unit would put flash above
+// standard there.
+double head_copies_written(bool fits, bool fills, double units, double active) {
+  return fits ? (fills ? std::min(units, active) : 0.0) : units;
 }
 
 TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw, const StandardPasses& sp,
@@ -945,6 +939,7 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   const double kv_streamed = units * double(w.kv_rows_sum) * sz.kv_row;  // K/V once per query block
   const double kv_once = units * double(w.kv_rows_union) * sz.kv_row;    // K/V once per unit
   const double kv_unit = double(w.kv_rows_union) * sz.kv_row / splits;   // one worker's slice
+  const double unit_io = (sz.q + sz.o) / std::max(1.0, units) + double(w.kv_rows_union) * sz.kv_row;
   const double workers = std::max(1, plan.workers);
 
   // Standard: one (batch, q head) per worker at a time, S of that head materialized.
@@ -1097,9 +1092,9 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
         // high at S=2048, D=64, 312x128, where the line-level simulation (l1_sim.py --l2) refills
         // Q^T and O for 3% of the copy's re-read bytes.
         const TileRefills t = cpu_tile_refills(pr, plan, ks, occ, true);
-        fr += units * (t.inside + t.tile_refill) + unit_starts(opt.cold_scratch, units, active, t.first_tile, ws);
-        fw = sz.o + sz.lse +
-             head_copies_written(opt.cold_scratch, units, active, copy_kept, between, union_keys_d, src_key) * head_copy;
+        const bool fills = first_unit_fills(opt.cold_scratch, head_copy + ws, unit_io, share);
+        fr += units * (t.inside + t.tile_refill) + unit_starts(fills, units, active, t.first_tile, ws);
+        fw = sz.o + sz.lse + head_copies_written(head_copy + ws <= share, fills, units, active) * head_copy;
       }
       // Decode: a working set larger than this level's per-worker share spills: its per-step
       // traffic then crosses this boundary as it crosses L1d-L2. Only if it fits no level between:
