@@ -1016,7 +1016,8 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
           // (cpu_tile_refills): every tile but each worker's first, which fills what it touches.
           SetOccupancy occ(share, opt.cache_ways, double(inner.line_bytes), 0, 0, 0);
           const TileRefills t = cpu_tile_refills(pr, plan, ks, occ, false);
-          fr += units * (t.inside + t.tile_refill) + unit_starts(opt.cold_scratch, units, active, t.first_tile, t.touched);
+          fr += units * (t.inside + t.tile_refill) +
+                unit_starts(opt.cold_scratch, units, active, t.first_tile, t.touched);
         }
       } else {
         // Head mode: the caller's K/V is read once per unit and written as one fp32 copy, which

@@ -46,11 +46,16 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i];
     const int64_t v = std::atoll(argv[i + 1]);
-    if (f == "--batch") b = v;
-    else if (f == "--heads") h = v;
-    else if (f == "--seqlen") s = v;
-    else if (f == "--dim") d = v;
-    else if (f == "--causal") causal = v;
+    if (f == "--batch")
+      b = v;
+    else if (f == "--heads")
+      h = v;
+    else if (f == "--seqlen")
+      s = v;
+    else if (f == "--dim")
+      d = v;
+    else if (f == "--causal")
+      causal = v;
     else {
       std::fprintf(stderr, "gpu_abi_run: unknown flag %s\n", f.c_str());
       return 2;
