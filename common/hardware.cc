@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -317,6 +318,27 @@ HardwareProfile detect_host() {
   static HardwareProfile host;
   std::call_once(once, [] { host = detect_host_uncached(); });
   return host;
+}
+
+HardwareProfile planning_profile(const std::string& value) {
+  for (const HardwareProfile& hw : builtin_profiles())
+    if (hw.name == value && hw.kind == DeviceKind::cpu) return hw;
+  HardwareProfile file;
+  std::string error;
+  if (!value.empty() && load_profile_file(value, &file, &error) && file.kind == DeviceKind::cpu) return file;
+  HardwareProfile host = detect_host();
+  if (!value.empty()) host.description += "; IOATTN_HW_PROFILE='" + value + "' is no CPU profile, ignored";
+  return host;
+}
+
+HardwareProfile planning_host() {
+  static std::once_flag once;
+  static HardwareProfile planned;
+  std::call_once(once, [] {
+    const char* env = std::getenv("IOATTN_HW_PROFILE");
+    planned = planning_profile(env ? env : "");
+  });
+  return planned;
 }
 
 bool find_profile(const std::string& name, HardwareProfile* out, std::string* error) {

@@ -56,6 +56,15 @@ bool find_profile(const std::string& name, HardwareProfile* out, std::string* er
 // Highway's dispatch target.
 HardwareProfile detect_host();
 
+// The profile the CPU backend plans for: planning_profile of the environment variable
+// IOATTN_HW_PROFILE (read once, at the first call). Lets a cache simulator's run plan for the
+// hierarchy it simulates (docs/api.md).
+HardwareProfile planning_host();
+
+// The CPU profile `value` names: a built-in profile, else a JSON profile file; the detected host
+// for an empty value, and for one that names neither, with the value quoted in its description.
+HardwareProfile planning_profile(const std::string& value);
+
 // CPUs the calling thread's affinity mask allows (all online CPUs where there is no mask).
 int available_cpus();
 

@@ -274,7 +274,9 @@ Plan plan_gpu(const Problem& pr, const HardwareProfile& hw) {
     const int64_t most = std::max<int64_t>(1, most_block_splits(pr.seqlen_k, plan.block_kv));
     plan.kv_splits = tasks <= 0 || tasks >= slots || pr.seqlen_k <= 0 ? 1 : int(std::min(slots / tasks, most));
   } else {
-    plan.kv_splits = split_keys(tasks, hw.cores, pr.seqlen_k, most_block_splits(pr.seqlen_k, plan.block_kv));
+    // The prefill kernel (gpu/sm80/flash_fwd.cuh) has no key split: one CTA per query block
+    // walks all its keys, however few CTAs that leaves the SMs.
+    plan.kv_splits = 1;
   }
   plan.work_items = tasks * plan.kv_splits;
   plan.workers = int(std::max<int64_t>(1, std::min<int64_t>(slots, plan.work_items)));

@@ -897,6 +897,33 @@ GemmL1 sgemm_l1(int64_t M, int64_t N, int64_t K, double l1, const GemmBlocking& 
   return t;
 }
 
+// Whether each worker's first unit of a call fills head mode's scratch at a level past L1: always
+// in a cold call; in the steady state of repeated calls where the scratch (`scratch` bytes) and one
+// unit's caller tensors (`unit_io`: Q, K, V and O, which the calls stream between the previous
+// call's last use of a scratch line and this call's first) overflow the worker's share. At S = 512,
+// D = 64 on a 512 KiB L2 the copy and the tile's buffers (426 KiB) fit but not with the caller's
+// tensors, and every call fills the copy again (its write misses are the same in a second call).
+bool first_unit_fills(bool cold, double scratch, double unit_io, double share) {
+  return cold || scratch + unit_io > share;
+}
+
+// What the starts of a call's units cost a level past L1: every unit but each worker's first
+// refills its first tile's buffers after the unit before (first_tile); each worker's first unit
+// fills what it touches where first_unit_fills says so.
+double unit_starts(bool fills, double units, double active, double first_tile, double touched) {
+  return std::max(0.0, units - active) * first_tile + (fills ? active * touched : 0.0);
+}
+
+// Head mode's copies written across a level past L1, in copies. Each worker packs every unit into
+// the same scratch: where the copy fits the worker's share beside the tile's buffers (`fits`), the
+// next unit's packing overwrites lines still held and only each worker's first unit fills its
+// copy, where first_unit_fills says so; otherwise every unit's copy is evicted below. On a
+// 260 MiB L3 the 4 MiB copy at S = 4096 stays, and counting it per unit would put flash above
+// standard there.
+double head_copies_written(bool fits, bool fills, double units, double active) {
+  return fits ? (fills ? std::min(units, active) : 0.0) : units;
+}
+
 TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwareProfile& hw, const StandardPasses& sp,
                           const TrafficOptions& opt) {
   TrafficReport rep;
@@ -912,6 +939,7 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   const double kv_streamed = units * double(w.kv_rows_sum) * sz.kv_row;  // K/V once per query block
   const double kv_once = units * double(w.kv_rows_union) * sz.kv_row;    // K/V once per unit
   const double kv_unit = double(w.kv_rows_union) * sz.kv_row / splits;   // one worker's slice
+  const double unit_io = (sz.q + sz.o) / std::max(1.0, units) + double(w.kv_rows_union) * sz.kv_row;
   const double workers = std::max(1, plan.workers);
 
   // Standard: one (batch, q head) per worker at a time, S of that head materialized.
@@ -988,8 +1016,8 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
           // (cpu_tile_refills): every tile but each worker's first, which fills what it touches.
           SetOccupancy occ(share, opt.cache_ways, double(inner.line_bytes), 0, 0, 0);
           const TileRefills t = cpu_tile_refills(pr, plan, ks, occ, false);
-          fr += units * (t.inside + t.tile_refill) + std::max(0.0, units - active) * t.first_tile +
-                (opt.cold_scratch ? active * t.touched : 0.0);
+          fr += units * (t.inside + t.tile_refill) +
+                unit_starts(opt.cold_scratch, units, active, t.first_tile, t.touched);
         }
       } else {
         // Head mode: the caller's K/V is read once per unit and written as one fp32 copy, which
@@ -1055,7 +1083,7 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
           prev0 = t0;
           prev1 = t1;
         }
-        fr = q_flash + kv_once + units * packed_row * copy_reads + (opt.cold_scratch ? active * ws : 0.0);
+        fr = q_flash + kv_once + units * packed_row * copy_reads;
         // Inside a tile, what this level (or a larger one inside it) loses of the K/V block from
         // panel to panel, of S^T, and of the panels' Q^T and O rows from block to block, and at a
         // tile's start what the tile before evicted of its buffers (cpu_tile_refills), set by set:
@@ -1065,16 +1093,9 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
         // high at S=2048, D=64, 312x128, where the line-level simulation (l1_sim.py --l2) refills
         // Q^T and O for 3% of the copy's re-read bytes.
         const TileRefills t = cpu_tile_refills(pr, plan, ks, occ, true);
-        fr += units * (t.inside + t.tile_refill) + std::max(0.0, units - active) * t.first_tile;
-        // Each worker packs every unit into the same scratch: where the copy fits the worker's
-        // share beside the tile's buffers, the next unit's packing overwrites lines still held
-        // dirty here and only a cold call's first touch of each worker's copy crosses (as
-        // standard's S, when it stays); otherwise every unit's copy is evicted below. On the
-        // host's 260 MiB L3 the 4 MiB copy at S = 4096 stays, and counting it per unit put flash
-        // above standard at the DRAM boundary (192 vs 128 MiB).
-        const double copies_written =
-            head_copy + ws <= share ? (opt.cold_scratch ? std::min(units, double(active)) : 0.0) : units;
-        fw = sz.o + sz.lse + copies_written * head_copy;
+        const bool fills = first_unit_fills(opt.cold_scratch, head_copy + ws, unit_io, share);
+        fr += units * (t.inside + t.tile_refill) + unit_starts(fills, units, active, t.first_tile, ws);
+        fw = sz.o + sz.lse + head_copies_written(head_copy + ws <= share, fills, units, active) * head_copy;
       }
       // Decode: a working set larger than this level's per-worker share spills: its per-step
       // traffic then crosses this boundary as it crosses L1d-L2. Only if it fits no level between:

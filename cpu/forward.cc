@@ -11,7 +11,7 @@ namespace ioattn::cpu {
 
 Plan plan_for_params(const AttnParams& p) {
   const int threads = p.num_threads > 0 ? p.num_threads : default_threads();
-  const HardwareProfile host = p.tiling.profile ? *p.tiling.profile : detect_host();
+  const HardwareProfile host = p.tiling.profile ? *p.tiling.profile : planning_host();
   Plan plan = plan_cpu(problem_of(p), host, threads);
   if (p.tiling.block_q > 0) plan.block_q = p.tiling.block_q;
   if (p.tiling.block_kv > 0) plan.block_kv = p.tiling.block_kv;

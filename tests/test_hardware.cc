@@ -178,6 +178,24 @@ TEST_CASE("profile_to_json round-trips through load_profile_file") {
   }
 }
 
+TEST_CASE("IOATTN_HW_PROFILE's value: a CPU profile's name or file, else the detected host") {
+  CHECK(planning_profile("").name == "host");
+  CHECK(planning_profile("zen3").levels[1].size_bytes == 524288);
+  // A GPU profile, a file that does not exist: the host, saying what was ignored.
+  for (const char* value : {"h200-sxm", "/nonexistent/profile.json"}) {
+    const HardwareProfile hw = planning_profile(value);
+    CHECK(hw.name == "host");
+    CHECK(hw.description.find(std::string("IOATTN_HW_PROFILE='") + value + "'") != std::string::npos);
+  }
+  HardwareProfile zen3;
+  std::string error;
+  REQUIRE(find_profile("zen3", &zen3, &error));
+  zen3.name = "zen3-file";
+  const std::string path = write_temp("zen3-file.json", profile_to_json(zen3));
+  CHECK(planning_profile(path).name == "zen3-file");
+  std::remove(path.c_str());
+}
+
 TEST_CASE("a malformed profile file is an error naming the file and the field") {
   const std::string good = R"({"name": "tiny", "kind": "cpu", "cores": 1, "fma_gflops_per_core": 10,
     "levels": [{"name": "L1d", "size_bytes": 1024, "bandwidth_gbs": 10},

@@ -26,8 +26,8 @@ constexpr const char* kShapeOutput =
 
 // A shape no kernel of this build runs (a GPU head dim without a tile, say) is still planned:
 // the plan says supported = false and carries the figures such a kernel would need.
-Plan checked_plan(const Problem& pr, const HardwareProfile& hw) {
-  const Plan plan = plan_for(pr, hw);
+Plan checked_plan(const Problem& pr, const HardwareProfile& hw, int threads) {
+  const Plan plan = plan_for(pr, hw, threads);
   if (plan.block_q <= 0 || plan.block_kv <= 0) {
     throw internal_error("--hw " + hw.name + ": the planner returned empty blocks for " + describe(pr));
   }
@@ -41,6 +41,7 @@ struct ModelCommand {
   Args args;
   ProblemRequest request;
   bool json_output = false;
+  int threads = 0;  // CPU workers to plan for; 0: the profile's cores
 };
 
 // Parses the shared flags plus --json; returns false after printing help.
@@ -48,12 +49,16 @@ bool parse_model_command(ModelCommand& c, int argc, char** argv, const std::stri
                          const std::string& description) {
   add_problem_flags(c.args, true);
   c.args.flag("--json", "machine-readable output");
+  c.args.option("--threads", "N",
+                "CPU profiles: plan for a call with num_threads = N (default: the profile's cores); one thread "
+                "runs whole heads where two or more would each get part of one, which moves different bytes");
   if (!c.args.parse(argc, argv)) {
     std::cout << c.args.help(synopsis, description);
     return false;
   }
   c.request = read_problem_flags(c.args, true);
   c.json_output = c.args.has("--json");
+  c.threads = int(int_option(c.args, "--threads", 0, 0, 4096));
   return true;
 }
 
@@ -65,7 +70,7 @@ int print_per_profile(const ModelCommand& c, bool always_list, Entry entry) {
   std::vector<json> items;
   std::string text;
   for (const HardwareProfile& hw : c.request.hardware) {
-    auto [j, t] = entry(checked_plan(c.request.problem, hw), hw);
+    auto [j, t] = entry(checked_plan(c.request.problem, hw, c.threads), hw);
     items.push_back(std::move(j));
     text += t;
   }
@@ -76,9 +81,9 @@ int print_per_profile(const ModelCommand& c, bool always_list, Entry entry) {
 }  // namespace
 
 int cmd_plan(int argc, char** argv) {
-  ModelCommand c{Args("plan"), {}, false};
+  ModelCommand c{Args("plan"), {}, false, 0};
   if (!parse_model_command(
-          c, argc, argv, "[problem flags] [--hw NAME]... [--json]",
+          c, argc, argv, "[problem flags] [--hw NAME]... [--threads N] [--json]",
           std::string("The tiling the planner chooses for the problem on each hardware profile: block\n"
                       "sizes, register or CTA tile, kv splits, workers, and the working set against\n"
                       "the cache or shared-memory level it was fitted to. CPU profiles get plan_cpu,\n"
@@ -95,8 +100,8 @@ int cmd_plan(int argc, char** argv) {
 }
 
 int cmd_traffic(int argc, char** argv) {
-  ModelCommand c{Args("traffic"), {}, false};
-  if (!parse_model_command(c, argc, argv, "[problem flags] [--hw NAME]... [--json]",
+  ModelCommand c{Args("traffic"), {}, false, 0};
+  if (!parse_model_command(c, argc, argv, "[problem flags] [--hw NAME]... [--threads N] [--json]",
                            "Predicted bytes across every memory boundary (CPU: L1d-L2, L2-L3, L3-DRAM; GPU:\n"
                            "smem-L2, L2-HBM) for flash attention (tiled, scores never materialized) and for\n"
                            "standard attention (S and P written and read back), one entry per --hw.\n\n"
@@ -116,8 +121,8 @@ int cmd_traffic(int argc, char** argv) {
 }
 
 int cmd_explain(int argc, char** argv) {
-  ModelCommand c{Args("explain"), {}, false};
-  if (!parse_model_command(c, argc, argv, "[problem flags] [--hw NAME]... [--json]",
+  ModelCommand c{Args("explain"), {}, false, 0};
+  if (!parse_model_command(c, argc, argv, "[problem flags] [--hw NAME]... [--threads N] [--json]",
                            std::string("The design outline of the plan for this problem on this hardware: memory\n"
                                        "traffic, tiling, numerical stability, the tradeoff made and the failure mode\n"
                                        "risked, each with this plan's numbers. JSON keys are exactly memoryTraffic,\n"

@@ -3,11 +3,15 @@
 # (bench/gpu/bench_gpu_forward: B = 16384 / S, hidden 2048, bf16) and for PyTorch's unfused MATH
 # path (bench/traffic/sdpa_math.py: B = 1, hidden 2048, bf16), written as samples for
 # bench/traffic/samples/gpu/ (one file per point: the "ioattn-ncu" line, then ncu's CSV).
-#   OUT=dir [IMPLS="ioattn math"] [SEQLENS="1024 ... 16384"] [MATH_SEQLENS="1024 ... 16384"]
-#     [MATH_POINTS="S:D:CAUSAL ..."] [SPLIT=1] bench/traffic/gpu_ncu.sh BIN_DIR
-# BIN_DIR holds bench_gpu_forward and the shared libraries it needs. IMPLS picks what is measured:
-# ioattn's kernel, PyTorch's MATH path, or both (the default); SEQLENS the ioattn grid's lengths;
-# MATH_POINTS, when given, replaces MATH's grid by those points. SPLIT=1 adds the L2 tag-stage
+#   OUT=dir [IMPLS="ioattn math abi"] [SEQLENS="1024 ... 16384"] [MATH_SEQLENS="1024 ... 16384"]
+#     [MATH_POINTS="S:D:CAUSAL ..."] [ABI_POINTS="B:H:S:D:CAUSAL ..."] [SPLIT=1]
+#     bench/traffic/gpu_ncu.sh BIN_DIR
+# BIN_DIR holds bench_gpu_forward (and, for abi, gpu_abi_run) and the shared libraries they need.
+# IMPLS picks what is measured: ioattn's kernel, PyTorch's MATH path (the default: both), and
+# `abi`: one ioattn_forward call through the public C ABI with the library's own plan
+# (bench/traffic/gpu_abi_run, every kernel of the process summed), at ABI_POINTS (default: six
+# shapes with B = 1 among them, whose planned grids may leave SMs idle); SEQLENS the ioattn
+# grid's lengths; MATH_POINTS, when given, replaces MATH's grid by those points. SPLIT=1 adds the L2 tag-stage
 # lookups split by source (the SMs' L1/TEX, the other L2 partition through the fabric) and by
 # operation, and the L1/TEX side's global and local sectors (loads, stores, cp.async: the CUDA
 # kernel spills) and those it sends to and takes from the crossbar, for docs/traffic.md's
@@ -83,6 +87,16 @@ for point in $math_points; do
   {
     echo "ioattn-ncu impl=math batch=1 heads=$((2048 / d)) seqlen=$s dim=$d causal=$c dtype=bf16"
     "${ncu_base[@]}" --nvtx --nvtx-include "sdpa/" python3 "$here/sdpa_math.py" --seqlen "$s" --dim "$d" --causal "$c" 2>&1
+  } >"$out/$name.txt"
+  echo "$name done"
+done
+for point in ${ABI_POINTS:-1:16:1024:128:0 1:16:1024:128:1 1:16:4096:128:0 1:32:4096:64:0 4:16:4096:128:0 1:16:16384:128:0}; do
+  [[ $impls == *" abi "* ]] || break
+  IFS=: read -r b h s d c <<<"$point"
+  name=abi_b${b}_h${h}_s${s}_d${d}$([[ $c == 1 ]] && echo _causal)
+  {
+    echo "ioattn-ncu impl=ioattn batch=$b heads=$h seqlen=$s dim=$d causal=$c dtype=bf16 via=abi"
+    "${ncu_base[@]}" "$bin/gpu_abi_run" --batch "$b" --heads "$h" --seqlen "$s" --dim "$d" --causal "$c" 2>&1
   } >"$out/$name.txt"
   echo "$name done"
 done

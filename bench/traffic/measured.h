@@ -157,10 +157,13 @@ inline std::string shape_key(const Fields& f) {
   return "h" + g("heads") + "_s" + g("seqlen") + "_d" + g("dim") + "_" + g("dtype");
 }
 
-// A kernel run minus the `none` run of the same shape: the forward's own fills.
+// A one-call run minus the `none` run of the same shape: a cold call's own fills. Or a two-call
+// run minus the one-call run of the same kernel and shape: the second call's, the steady state.
 struct CpuPoint {
-  std::string name;  // e.g. "flash h1_s1024_d64_f32 causal"
+  std::string name;  // e.g. "flash h1_s1024_d64_f32 causal", "flash h1_s1024_d64_f32 steady"
   std::string kernel;
+  std::string hardware;  // the profile the library planned for ("zen3"; "host": detected)
+  bool cold = true;      // a cold call; false: the steady state of repeated calls
   Problem problem;
   Plan plan;
   int simd_bits = 256;
@@ -215,28 +218,47 @@ inline bool make_problem_plan(const Fields& f, Problem* pr, Plan* plan, int* sim
   return true;
 }
 
-// Pairs every flash/standard run with the `none` run of its shape and subtracts.
+inline std::string run_field(const Fields& f, const char* key, const char* fallback) {
+  return f.count(key) ? f.at(key) : std::string(fallback);
+}
+
+// The run to subtract from `r`: the kernel's run with one call fewer, or for one call the `none`
+// run of the shape.
+inline std::string base_key(const Fields& r) {
+  const int64_t calls = std::strtoll(run_field(r, "calls", "1").c_str(), nullptr, 10);
+  if (calls <= 1) return "none " + shape_key(r);
+  return run_field(r, "kernel", "") + " " + shape_key(r) + " c" + run_field(r, "causal", "0") + " n" +
+         std::to_string(calls - 1);
+}
+
+// Pairs every flash/standard run with its base run (base_key) and subtracts.
 inline bool cpu_points(const std::vector<CpuRun>& runs, std::vector<CpuPoint>* out, std::string* error) {
-  std::map<std::string, const CpuRun*> none;
-  for (const CpuRun& r : runs)
-    if (r.run.count("kernel") && r.run.at("kernel") == "none") none[shape_key(r.run)] = &r;
+  std::map<std::string, const CpuRun*> by_key;
   for (const CpuRun& r : runs) {
-    const std::string kernel = r.run.count("kernel") ? r.run.at("kernel") : "";
+    const std::string kernel = run_field(r.run, "kernel", "");
+    by_key[kernel == "none" ? "none " + shape_key(r.run)
+                            : kernel + " " + shape_key(r.run) + " c" + run_field(r.run, "causal", "0") + " n" +
+                                  run_field(r.run, "calls", "1")] = &r;
+  }
+  for (const CpuRun& r : runs) {
+    const std::string kernel = run_field(r.run, "kernel", "");
     if (kernel == "none") continue;
-    const auto base = none.find(shape_key(r.run));
-    if (base == none.end()) {
-      *error = r.file + ": no 'none' run of shape " + shape_key(r.run) + " to subtract";
+    const auto base = by_key.find(base_key(r.run));
+    if (base == by_key.end()) {
+      *error = r.file + ": no '" + base_key(r.run) + "' run to subtract";
       return false;
     }
     const CachegrindCounts &k = r.counts, &n = base->second->counts;
     if (k.d1_bytes != n.d1_bytes || k.ll_bytes != n.ll_bytes) {
-      *error = r.file + ": cache geometry differs from its 'none' run";
+      *error = r.file + ": cache geometry differs from its base run";
       return false;
     }
     CpuPoint p;
     p.kernel = kernel;
-    const bool causal = r.run.count("causal") && r.run.at("causal") == "1";
-    p.name = kernel + " " + shape_key(r.run) + (causal ? " causal" : "");
+    p.hardware = run_field(r.run, "hardware", "host");
+    p.cold = run_field(r.run, "calls", "1") == "1";
+    const bool causal = run_field(r.run, "causal", "0") == "1";
+    p.name = kernel + " " + shape_key(r.run) + (causal ? " causal" : "") + (p.cold ? "" : " steady");
     if (!make_problem_plan(r.run, &p.problem, &p.plan, &p.simd_bits, error)) {
       *error = r.file + ": " + *error;
       return false;
@@ -284,11 +306,12 @@ struct Comparison {
 inline std::vector<Comparison> compare_cpu(const CpuPoint& p) {
   const HardwareProfile hw = cachegrind_profile(p.l1_bytes, p.l2_bytes, int(p.line), p.simd_bits);
   // cachegrind counts the lines brought into a level: the model's reads plus its writes, every
-  // written line being filled first (write-allocate); the driver's forward is one cold call.
-  TrafficOptions cold;
-  cold.cold_scratch = true;
-  cold.cache_ways = int(p.ways);
-  const TrafficReport rep = predict_traffic(p.problem, p.plan, hw, cpu_baseline_passes(), cold);
+  // written line being filled first (write-allocate); a one-call point is a cold call, a
+  // second call's the steady state (scratch warm, TrafficOptions' default).
+  TrafficOptions opt;
+  opt.cold_scratch = p.cold;
+  opt.cache_ways = int(p.ways);
+  const TrafficReport rep = predict_traffic(p.problem, p.plan, hw, cpu_baseline_passes(), opt);
   const bool flash = p.kernel == "flash";
   auto bytes = [&](size_t i) { return flash ? rep.levels[i].flash_bytes : rep.levels[i].standard_bytes; };
   return {{"L1d-L2", bytes(0), p.measured_l1_l2}, {"L2-beyond", bytes(1), p.measured_l2_beyond}};

@@ -2,20 +2,22 @@
 // valgrind's cachegrind (bench/traffic/run_cachegrind.sh) or with hardware counters.
 //
 //   traffic_run --kernel flash|standard|none --heads H --seqlen S --dim D [--causal]
-//               [--dtype f32|bf16] [--counters] [--block-q N] [--block-kv N]
+//               [--dtype f32|bf16] [--calls N] [--counters]
 //
-// --block-q / --block-kv replace the planner's tile (AttnParams::tiling), so that a recorded
-// sample can be re-measured with the plan it ran after the planner has changed; the flash kernel
-// then runs through cpu::forward, the function ioattn_forward calls, with that override.
+// The flash kernel runs as a user's call runs it: ioattn_forward with default options but one
+// thread, so the library plans it (cpu::plan_for_params, for the profile IOATTN_HW_PROFILE names:
+// run_cachegrind.sh sets the one whose caches cachegrind simulates).
 //
-// `none` does everything the other two do except the forward call: the same allocation,
-// initialization and cache sweep, so that subtracting its cachegrind counts from a kernel run's
-// leaves exactly the forward's traffic (process start-up, the dynamic loader and OpenBLAS's
-// initialization are identical in both). The inputs are swept out of the simulated caches before
-// the forward, so it starts cold, as the traffic model assumes.
+// `none` does everything the other two do except the forward calls: the same allocation,
+// initialization, planning and cache sweep, so that subtracting its cachegrind counts from a
+// kernel run's leaves exactly the forwards' traffic (process start-up, the dynamic loader and
+// OpenBLAS's initialization are identical in both). The inputs are swept out of the simulated
+// caches before the first call, so it starts cold, as TrafficOptions::cold_scratch assumes;
+// --calls 2 minus --calls 1 is the steady state of repeated calls, the model's default.
 //
-// The first stdout line, "ioattn-traffic-run key=value ...", records the shape and the plan the
-// CPU kernel ran, so a recorded sample can be compared with predict_traffic without re-planning.
+// The first stdout line, "ioattn-traffic-run key=value ...", records the shape, the calls and the
+// plan the CPU kernel ran, so a recorded sample can be compared with predict_traffic without
+// re-planning.
 #include <linux/perf_event.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
@@ -45,13 +47,13 @@ struct Args {
   bool causal = false;
   ioattn::DType dtype = ioattn::DType::f32;
   bool counters = false;
-  int block_q = 0, block_kv = 0;  // 0: the planner's choice
+  int64_t calls = 1;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "traffic_run: %s\nusage: traffic_run --kernel flash|standard|none --heads H --seqlen S --dim D "
-               "[--causal] [--dtype f32|bf16] [--counters] [--block-q N] [--block-kv N]\n",
+               "[--causal] [--dtype f32|bf16] [--calls N] [--counters]\n",
                why.c_str());
   std::exit(2);
 }
@@ -84,10 +86,8 @@ Args parse(int argc, char** argv) {
       a.causal = true;
     } else if (f == "--counters") {
       a.counters = true;
-    } else if (f == "--block-q") {
-      a.block_q = int(positive("--block-q", value()));
-    } else if (f == "--block-kv") {
-      a.block_kv = int(positive("--block-kv", value()));
+    } else if (f == "--calls") {
+      a.calls = positive("--calls", value());
     } else if (f == "--dtype") {
       const std::string t = value();
       if (t == "f32") a.dtype = ioattn::DType::f32;
@@ -170,6 +170,25 @@ struct Counters {
   }
 };
 
+// One forward through the public C ABI, as a user calls it: default options, one thread.
+bool flash_call(const Args& a, std::vector<unsigned char>* q, std::vector<unsigned char>* k,
+                std::vector<unsigned char>* v, std::vector<unsigned char>* o) {
+  const ioattn_dtype dt = a.dtype == ioattn::DType::f32 ? IOATTN_F32 : IOATTN_BF16;
+  const int64_t ss = a.heads * a.dim;
+  ioattn_tensor tq{q->data(), dt, 1, a.seqlen, a.heads, a.dim, a.seqlen * ss, ss, a.dim};
+  ioattn_tensor tk = tq, tv = tq, to = tq;
+  tk.data = k->data();
+  tv.data = v->data();
+  to.data = o->data();
+  ioattn_options opt;
+  ioattn_options_default(&opt);
+  opt.causal = a.causal;
+  opt.num_threads = 1;
+  if (ioattn_forward(&tq, &tk, &tv, &to, nullptr, &opt) == IOATTN_OK) return true;
+  std::fprintf(stderr, "traffic_run: ioattn_forward failed: %s\n", ioattn_last_error());
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -198,20 +217,18 @@ int main(int argc, char** argv) {
   p.scale = 1.0f / std::sqrt(float(a.dim));
   p.causal = a.causal;
   p.num_threads = 1;
-  p.tiling.block_q = a.block_q;
-  p.tiling.block_kv = a.block_kv;
-  // Planning detects the host (sysfs) once; doing it in every mode keeps that out of the
-  // difference between a kernel run and the `none` run.
-  // With --block-q / --block-kv this is the overridden tile with its own working set.
+  // The plan ioattn_forward computes for this call (the same function, the same profile); planning
+  // in every mode keeps the profile's detection or loading out of the difference from `none`.
   const ioattn::Plan plan = ioattn::cpu::plan_for_params(p);
   std::printf(
       "ioattn-traffic-run kernel=%s batch=1 heads=%lld heads_kv=%lld seqlen=%lld dim=%lld dtype=%s causal=%d "
-      "threads=1 block_q=%d block_kv=%d head_dim_padded=%d reg_rows=%d reg_cols=%d kv_splits=%d workers=%d "
-      "working_set=%lld simd_bits=%d target=%s\n",
+      "threads=1 calls=%lld hardware=%s block_q=%d block_kv=%d head_dim_padded=%d reg_rows=%d reg_cols=%d "
+      "kv_splits=%d workers=%d working_set=%lld simd_bits=%d target=%s\n",
       a.kernel.c_str(), (long long)a.heads, (long long)a.heads, (long long)a.seqlen, (long long)a.dim,
-      ioattn::dtype_name(a.dtype), int(a.causal), plan.block_q, plan.block_kv, plan.head_dim_padded, plan.reg_rows,
-      plan.reg_cols, plan.kv_splits, plan.workers, (long long)plan.working_set_bytes,
-      ioattn::cpu::dispatch_target_name() == "AVX3" ? 512 : 256, ioattn::cpu::dispatch_target_name().c_str());
+      ioattn::dtype_name(a.dtype), int(a.causal), (long long)a.calls, plan.hardware.c_str(), plan.block_q,
+      plan.block_kv, plan.head_dim_padded, plan.reg_rows, plan.reg_cols, plan.kv_splits, plan.workers,
+      (long long)plan.working_set_bytes, ioattn::cpu::dispatch_target_name() == "AVX3" ? 512 : 256,
+      ioattn::cpu::dispatch_target_name().c_str());
   std::fflush(stdout);
 
   Counters ctr;
@@ -219,33 +236,15 @@ int main(int argc, char** argv) {
   sweep_caches();
   ctr.toggle(true);
   int rc = 0;
-  if (a.kernel == "flash" && (a.block_q > 0 || a.block_kv > 0)) {
-    const ioattn::Status s = ioattn::cpu::forward(p);
-    if (!s.is_ok()) {
-      std::fprintf(stderr, "traffic_run: cpu::forward failed: %s\n", s.message.c_str());
-      rc = 1;
-    }
-  } else if (a.kernel == "flash") {
-    const ioattn_dtype dt = a.dtype == ioattn::DType::f32 ? IOATTN_F32 : IOATTN_BF16;
-    const int64_t ss = a.heads * a.dim;
-    ioattn_tensor tq{q.data(), dt, 1, a.seqlen, a.heads, a.dim, a.seqlen * ss, ss, a.dim};
-    ioattn_tensor tk = tq, tv = tq, to = tq;
-    tk.data = k.data();
-    tv.data = v.data();
-    to.data = o.data();
-    ioattn_options opt;
-    ioattn_options_default(&opt);
-    opt.causal = a.causal;
-    opt.num_threads = 1;
-    if (ioattn_forward(&tq, &tk, &tv, &to, nullptr, &opt) != IOATTN_OK) {
-      std::fprintf(stderr, "traffic_run: ioattn_forward failed: %s\n", ioattn_last_error());
-      rc = 1;
-    }
-  } else if (a.kernel == "standard") {
-    const ioattn::Status s = ioattn::peers::standard_attention(p, 1, nullptr);
-    if (!s.is_ok()) {
-      std::fprintf(stderr, "traffic_run: standard attention failed: %s\n", s.message.c_str());
-      rc = 1;
+  for (int64_t c = 0; c < a.calls && rc == 0; ++c) {
+    if (a.kernel == "flash") {
+      rc = flash_call(a, &q, &k, &v, &o) ? 0 : 1;
+    } else if (a.kernel == "standard") {
+      const ioattn::Status s = ioattn::peers::standard_attention(p, 1, nullptr);
+      if (!s.is_ok()) {
+        std::fprintf(stderr, "traffic_run: standard attention failed: %s\n", s.message.c_str());
+        rc = 1;
+      }
     }
   }
   ctr.toggle(false);
