@@ -22,7 +22,9 @@ Problem make(int64_t heads, int64_t s, int64_t d, DType t = DType::f32, bool cau
   return p;
 }
 
-const BoundaryTraffic& boundary(const TrafficReport& r, const std::string& name) {
+// By value: callers pass reports that are temporaries (predict_traffic(...)), and GCC 13 flags
+// every reference returned from a call with a temporary argument.
+BoundaryTraffic boundary(const TrafficReport& r, const std::string& name) {
   for (const BoundaryTraffic& b : r.levels) {
     if (b.name == name) return b;
   }
@@ -66,11 +68,11 @@ TEST_CASE("hand-computed CPU bytes: 1 head x 512, D=64 f32 on zen3") {
     const double kv_rows = causal ? 256 + 512 : 2 * 512;
     const double scratch = 2 * 65536.0 + 2 * 128 * 128 * 4 + 128 * 48 * 4 + 8 * 256;
     const double kept = (512.0 * 1024 - scratch) / (512.0 * 128 * 4);
-    const BoundaryTraffic& l2 = boundary(r, "L2-L3");
+    const BoundaryTraffic l2 = boundary(r, "L2-L3");
     CHECK(l2.flash_read_bytes == Approx(tensor + 512.0 * 128 * 4 + (kv_rows - 512) * 128 * 4 * (1 - kept)));
     CHECK(l2.flash_write_bytes == tensor);
     // L3-DRAM: 2 workers x (256 KiB + 322 KiB) fit the 32 MiB L3: K/V comes from DRAM once.
-    const BoundaryTraffic& dram = boundary(r, "L3-DRAM");
+    const BoundaryTraffic dram = boundary(r, "L3-DRAM");
     CHECK(dram.flash_read_bytes == 3 * tensor);
     CHECK(dram.flash_write_bytes == tensor);
     CHECK(r.flash_dram_bytes == 4 * tensor);
@@ -254,7 +256,7 @@ TEST_CASE("H200 L2-HBM bytes within 15% of Nsight Compute's for PyTorch FA2 and 
     pr.with_lse = true;  // PyTorch's FA2 writes the LSE
     const Plan plan = plan_gpu(pr, h200);
     const TrafficReport r = predict_traffic(pr, plan, h200, pytorch_math_passes());
-    const BoundaryTraffic& hbm = boundary(r, "L2-HBM");
+    const BoundaryTraffic hbm = boundary(r, "L2-HBM");
     INFO("H=" << a.heads << " S=" << a.seqlen << " D=" << a.dim << ": flash read " << hbm.flash_read_bytes / 1e6
               << " MB, write " << hbm.flash_write_bytes / 1e6 << " MB; math read " << hbm.standard_read_bytes / 1e9
               << " GB, write " << hbm.standard_write_bytes / 1e9 << " GB");
@@ -280,19 +282,19 @@ TEST_CASE("GPU: a problem that fits in L2 reads its inputs once and writes nothi
   plan.kv_splits = 1;  // the unsplit kernel; splits add partials (below)
   const TrafficReport r = predict_traffic(pr, plan, h200);
   const double tensor = 512.0 * 64 * 2;
-  const BoundaryTraffic& hbm = boundary(r, "L2-HBM");
+  const BoundaryTraffic hbm = boundary(r, "L2-HBM");
   CHECK(hbm.flash_read_bytes == 3 * tensor);
   CHECK(hbm.flash_write_bytes == 0);
   // smem-L2: each query block loads all 512 keys and values.
   const double q_blocks = std::ceil(512.0 / plan.block_q);
-  const BoundaryTraffic& smem = boundary(r, "smem-L2");
+  const BoundaryTraffic smem = boundary(r, "smem-L2");
   CHECK(smem.flash_read_bytes == tensor + q_blocks * 2 * tensor);
   CHECK(smem.flash_write_bytes == tensor);
   // Split 4 ways: Q is read by every split, and the (O, m, l) fp32 partials are written and
   // read back by the merge: 2 * 512 rows * 4 splits * (64 + 2) * 4 B, half each way.
   plan.kv_splits = 4;
   const TrafficReport split_report = predict_traffic(pr, plan, h200);
-  const BoundaryTraffic& split = boundary(split_report, "smem-L2");
+  const BoundaryTraffic split = boundary(split_report, "smem-L2");
   const double partials = 2.0 * 512 * 4 * (64 + 2) * 4;
   CHECK(split.flash_read_bytes == 4 * tensor + q_blocks * 2 * tensor + partials / 2);
   CHECK(split.flash_write_bytes == tensor + partials / 2);
@@ -312,7 +314,7 @@ TEST_CASE("GPU: K/V that the resident CTAs share in L2 is read from HBM once, un
     CHECK(plan.kv_splits == 1);
     CHECK(plan.work_items == 128);
     CHECK(plan.workers == 128);
-    const BoundaryTraffic& hbm = boundary(predict_traffic(pr, plan, hw), "L2-HBM");
+    const BoundaryTraffic hbm = boundary(predict_traffic(pr, plan, hw), "L2-HBM");
     const double tensor = 1024.0 * 16 * 128 * 2;
     CHECK(hbm.flash_read_bytes == 3 * tensor);
     CHECK(hbm.flash_write_bytes == 0);
