@@ -50,7 +50,7 @@
 // common/online_softmax.h: exponentials are Exp2NonPositive (~1.2 ULP, flushing below 2^-125,
 // see there), scalar rescale and merge factors std::exp2 through the header's rules, and the
 // LSE converts back to the natural log. P V and the row sum l add up partials of
-// cpu_sum_chunk_keys keys, so their rounding grows with keys / 32, as a blocked f32 sum's does.
+// cpu_sum_chunk_keys keys, so their rounding grows with keys / 128, as a blocked f32 sum's does.
 // Softcap uses hwy::Tanh (max error 4 ULP). Scores are dot * (scale * log2 e) in that order,
 // stored, and both the max and exp's argument read the stored value (no fused x * scale - max,
 // the NaN of pytorch issue 121558); NaN scores are detected explicitly and carried through the
