@@ -54,7 +54,7 @@ constexpr CpuRegisterTile cpu_pv_register_tile(int simd_bits) {
 // sqrt(keys) once one large score dominates a row (5-10x a blocked f32 sum at 513 keys). Past
 // the score's and exponential's own rounding, partials of 32, 64 and 128 keys measured the same
 // worst error; 128 makes a planned key block (96-128 keys) one partial, so the cost is one add
-// per accumulator per block, where 32 cost 5% of a one-thread D = 128 forward in extra adds,
+// per accumulator per block, where 32 cost 1.5% of a one-thread D = 128 forward in extra adds,
 // stores and loop exits.
 constexpr int cpu_sum_chunk_keys = 128;
 
