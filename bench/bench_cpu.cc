@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <map>
 #include <random>
 #include <string>
@@ -249,16 +248,7 @@ void BM_Standard(benchmark::State& state, Shape s) {
 void BM_FmaPeak(benchmark::State& state, int threads) {
   ioattn::peers::FmaCeiling c;
   for (auto _ : state) c = ioattn::peers::measure_fma_ceiling(threads, 0.2);
-  state.counters["GFLOP/s"] = c.probe_gflops;
-  state.counters["core_GFLOP/s"] = c.probe_core_gflops;
-  state.counters["GHz"] = c.clock_ghz;
-  state.counters["int_GHz"] = c.integer_clock_ghz;
-  const double theory = c.theoretical_gflops();
-  if (theory > 0) {
-    state.counters["theory_GFLOP/s"] = theory;
-    state.counters["of_theory%"] = 100.0 * c.probe_gflops / theory;
-    state.counters["core_of_theory%"] = 100.0 * c.probe_core_gflops / theory;
-  }
+  for (const auto& [name, value] : c.counters()) state.counters[name] = value;
   state.SetLabel(c.describe());
 }
 
@@ -266,13 +256,8 @@ void BM_FmaPeak(benchmark::State& state, int threads) {
 void BM_ReadBandwidth(benchmark::State& state, int threads, size_t bytes) {
   ioattn::peers::ReadCeiling r;
   for (auto _ : state) r = ioattn::peers::measure_read_ceiling(threads, bytes, 0.2);
-  state.counters["GB/s"] = r.gbs;
-  for (const auto& [streams, gbs] : r.by_streams) {
-    char name[32];
-    std::snprintf(name, sizeof(name), "s%d_GB/s", streams);
-    state.counters[name] = gbs;
-  }
-  state.SetLabel("best: " + std::to_string(r.streams) + " stream(s) per thread");
+  for (const auto& [name, value] : r.counters()) state.counters[name] = value;
+  state.SetLabel(r.describe());
 }
 
 }  // namespace

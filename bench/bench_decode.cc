@@ -23,7 +23,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -102,16 +101,7 @@ void BM_FmaPeak(benchmark::State& state) {
   const int threads = int(state.range(0));
   for (auto _ : state) fma_ceiling(threads);
   const ioattn::peers::FmaCeiling& c = fma_ceiling(threads);
-  state.counters["GFLOP/s"] = c.probe_gflops;
-  state.counters["core_GFLOP/s"] = c.probe_core_gflops;
-  state.counters["GHz"] = c.clock_ghz;
-  state.counters["int_GHz"] = c.integer_clock_ghz;
-  const double theory = c.theoretical_gflops();
-  if (theory > 0) {
-    state.counters["theory_GFLOP/s"] = theory;
-    state.counters["of_theory%"] = 100.0 * c.probe_gflops / theory;
-    state.counters["core_of_theory%"] = 100.0 * c.probe_core_gflops / theory;
-  }
+  for (const auto& [name, value] : c.counters()) state.counters[name] = value;
   state.SetLabel(c.describe());
 }
 
@@ -120,13 +110,8 @@ void BM_ReadBandwidth(benchmark::State& state) {
   const int threads = int(state.range(0));
   for (auto _ : state) dram_read(threads);
   const ioattn::peers::ReadCeiling& r = dram_read(threads);
-  state.counters["GB/s"] = r.gbs;
-  for (const auto& [streams, gbs] : r.by_streams) {
-    char name[32];
-    std::snprintf(name, sizeof(name), "s%d_GB/s", streams);
-    state.counters[name] = gbs;
-  }
-  state.SetLabel("best: " + std::to_string(r.streams) + " stream(s) per thread");
+  for (const auto& [name, value] : r.counters()) state.counters[name] = value;
+  state.SetLabel(r.describe());
 }
 
 void BM_Decode(benchmark::State& state, ioattn::DType cache_dtype) {

@@ -270,6 +270,34 @@ double FmaCeiling::theoretical_gflops() const {
   return double(cores) * core.fma_per_cycle * lanes * 2 * clock_ghz;
 }
 
+std::vector<std::pair<std::string, double>> FmaCeiling::counters() const {
+  std::vector<std::pair<std::string, double>> c = {
+      {"GFLOP/s", probe_gflops}, {"core_GFLOP/s", probe_core_gflops}, {"GHz", clock_ghz}, {"int_GHz", integer_clock_ghz}};
+  const double theory = theoretical_gflops();
+  if (theory > 0) {
+    c.emplace_back("theory_GFLOP/s", theory);
+    c.emplace_back("of_theory%", 100.0 * probe_gflops / theory);
+    c.emplace_back("core_of_theory%", 100.0 * probe_core_gflops / theory);
+  }
+  return c;
+}
+
+std::vector<std::pair<std::string, double>> ReadCeiling::counters() const {
+  std::vector<std::pair<std::string, double>> c = {{"GB/s", gbs}};
+  for (const auto& [n, g] : by_streams) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "s%d_GB/s", n);
+    c.emplace_back(name, g);
+  }
+  return c;
+}
+
+std::string ReadCeiling::describe() const {
+  char text[64];
+  std::snprintf(text, sizeof(text), "best: %d stream(s) per thread", streams);
+  return text;
+}
+
 std::string FmaCeiling::describe() const {
   char text[320];
   if (core.fma_per_cycle == 0) {

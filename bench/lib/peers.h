@@ -51,6 +51,9 @@ struct FmaCeiling {
   // "2 cores x 2 FMA/cycle x 16 lanes x 2 x 2.90 GHz = 371.2 GFLOP/s (<core>, <target>; clock
   // under FMA load, 3.20 GHz integer-only)"; "theoretical peak unknown: ..." off the table.
   std::string describe() const;
+  // (name, value) for a benchmark's counters: GFLOP/s, core_GFLOP/s, GHz, int_GHz and, when the
+  // core is in the table, theory_GFLOP/s, of_theory% and core_of_theory%.
+  std::vector<std::pair<std::string, double>> counters() const;
 };
 FmaCeiling measure_fma_ceiling(int threads, double seconds = 0.2);
 
@@ -78,6 +81,9 @@ struct ReadCeiling {
   double gbs = 0;
   int streams = 1;                               // the method that won
   std::vector<std::pair<int, double>> by_streams;  // (streams per thread, GB/s) of each method
+  // (name, value) for a benchmark's counters: GB/s, then s<streams>_GB/s of each method.
+  std::vector<std::pair<std::string, double>> counters() const;
+  std::string describe() const;  // "best: N stream(s) per thread"
 };
 ReadCeiling measure_read_ceiling(int threads, size_t bytes, double seconds = 0.2);
 
