@@ -21,6 +21,14 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DIOATTN_CUDA=AUTO -DIOA
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure --no-tests=error -j "$jobs"
 
+# Plans follow the caches, so a machine with other caches runs other blocks, splits and shapes:
+# the whole suite again under the plans of a 512 KiB-L2 AVX2 server core and of a small Arm core
+# (IOATTN_HW_PROFILE, docs/api.md), whatever machine CI runs on.
+for profile in zen3 rpi5; do
+  step "Release suite under the $profile profile's plans"
+  IOATTN_HW_PROFILE=$profile ctest --test-dir build --output-on-failure --no-tests=error -j "$jobs"
+done
+
 step "oneTBB threading backend"
 cmake -S . -B build-tbb -G Ninja -DCMAKE_BUILD_TYPE=Release -DIOATTN_THREADING=tbb -DIOATTN_CUDA=OFF \
   -DIOATTN_SANITIZE= -DIOATTN_BUILD_TESTS=ON -DIOATTN_BUILD_BENCH=OFF -DIOATTN_FUZZ=OFF

@@ -182,7 +182,7 @@ TEST_CASE("an overridden CPU tile carries its own working set") {
   p.head_dim_v = 40;  // Dv pads on its own: 40 is a whole number of 8-lane vectors, not of 16
   p.num_threads = 1;
   const Plan planned = cpu::plan_for_params(p);
-  const int64_t lanes = std::max(4, detect_host().simd_bits / 32);
+  const int64_t lanes = std::max(4, planning_host().simd_bits / 32);  // IOATTN_HW_PROFILE may set it
   const int64_t dp = planned.head_dim_padded, dvp = round_up(40, lanes);
   auto by_hand = [&](int64_t bq, int64_t bkv) {
     return 4 * (bq * dp + bkv * dp + bkv * dvp + bq * bkv + bq * dvp) + 8 * bq;
