@@ -49,13 +49,11 @@ constexpr CpuRegisterTile cpu_pv_register_tile(int simd_bits) {
 // measurable, and block_kv below 96 loses (more per-block softmax and rescale work).
 
 // Keys per partial sum of P V and of the row sum l: a partial starts from zero, takes up to this
-// many terms at its own magnitude, then adds into the running totals once. Summing every key
-// straight into O rounds each small term at the ulp of the row's total, an error growing with
-// sqrt(keys) once one large score dominates a row (5-10x a blocked f32 sum at 513 keys). Past
-// the score's and exponential's own rounding, partials of 32, 64 and 128 keys measured the same
-// worst error; 128 makes a planned key block (96-128 keys) one partial, so the cost is one add
-// per accumulator per block, where 32 cost 1.5% of a one-thread D = 128 forward in extra adds,
-// stores and loop exits.
+// many terms at its own magnitude, then adds into the running totals once. Summed straight into
+// O, each small term rounds at the ulp of the row's total, an error growing with sqrt(keys) once
+// one large score dominates a row; partials keep it to that of a blocked f32 sum. 128 makes a
+// planned key block (96-128 keys) one partial: one add per accumulator per block. Measurements:
+// docs/architecture.md, "Accumulation in partials".
 constexpr int cpu_sum_chunk_keys = 128;
 
 // Decode: when a sequence's query rows (G heads x Sq positions) number at most this many, the
