@@ -264,7 +264,7 @@ void BM_ReadBandwidth(benchmark::State& state, int threads, size_t bytes) {
 
 int main(int argc, char** argv) {
   if (!ioattn::peers::apply_target_env()) return 2;
-  const int all = ioattn::cpu::default_threads();
+  const int all = ioattn::default_threads();
   std::vector<int> thread_counts = {1};
   if (all > 1) thread_counts.push_back(all);
   // The probes that peak% divides by run first, before any kernel or BLAS thread exists: taken

@@ -180,7 +180,7 @@ void BM_Decode(benchmark::State& state, ioattn::DType cache_dtype) {
 }
 
 void DecodeArgs(benchmark::internal::Benchmark* b) {
-  const int all = ioattn::cpu::default_threads();
+  const int all = ioattn::default_threads();
   for (int64_t batch : {1, 2, 4, 8})
     for (int64_t keys : {4096, 16384, 32768}) b->Args({batch, keys, all, kHq});
   b->ArgNames({"B", "Sk", "threads", "Hq"})->UseManualTime()->MinTime(0.5)->Unit(benchmark::kMillisecond);
@@ -191,14 +191,14 @@ void DecodeArgs(benchmark::internal::Benchmark* b) {
 // 88 / 81 / 72% of the paired read (bench/results/cpu-decode.md, 2026-12-04): what keeps decode
 // from the read's bandwidth on few cores is the arithmetic between the prefetches.
 void GroupArgs(benchmark::internal::Benchmark* b) {
-  for (int64_t hq : {kHkv, 2 * kHkv, 4 * kHkv}) b->Args({8, 32768, ioattn::cpu::default_threads(), hq});
+  for (int64_t hq : {kHkv, 2 * kHkv, 4 * kHkv}) b->Args({8, 32768, ioattn::default_threads(), hq});
   b->ArgNames({"B", "Sk", "threads", "Hq"})->UseManualTime()->MinTime(0.5)->Unit(benchmark::kMillisecond);
 }
 
 }  // namespace
 
-BENCHMARK(BM_ReadBandwidth)->Name("ceiling/dram_read")->Arg(ioattn::cpu::default_threads())->ArgName("threads")->Iterations(1);
-BENCHMARK(BM_FmaPeak)->Name("ceiling/fma_peak")->Arg(ioattn::cpu::default_threads())->ArgName("threads")->Iterations(1);
+BENCHMARK(BM_ReadBandwidth)->Name("ceiling/dram_read")->Arg(ioattn::default_threads())->ArgName("threads")->Iterations(1);
+BENCHMARK(BM_FmaPeak)->Name("ceiling/fma_peak")->Arg(ioattn::default_threads())->ArgName("threads")->Iterations(1);
 BENCHMARK_CAPTURE(BM_Decode, f16, ioattn::DType::f16)->Apply(DecodeArgs);
 BENCHMARK_CAPTURE(BM_Decode, bf16, ioattn::DType::bf16)->Apply(DecodeArgs);
 BENCHMARK_CAPTURE(BM_Decode, f16_groups, ioattn::DType::f16)->Apply(GroupArgs);

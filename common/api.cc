@@ -10,11 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "common/alloc.h"
+#include "common/backend.h"
+#include "common/hardware.h"
 #include "common/params.h"
 #include "common/status.h"
-#include "cpu/cpu_backend.h"
-#include "gpu/gpu_backend.h"
 #include "ioattn/ioattn.h"
 
 namespace ioattn {
@@ -135,7 +134,7 @@ Status check_options(const ioattn_options* opt) {
 
 Status check_backend(const ioattn_options& opt, int64_t head_dim, int64_t head_dim_v) {
   if (opt.backend == IOATTN_BACKEND_CUDA) {
-    if (!gpu::available())
+    if (!gpu_backend().available())
       return Status::unsupported("opt.backend=CUDA: no usable CUDA device or this build has no CUDA backend");
     return Status::ok();
   }
@@ -173,7 +172,7 @@ void fill_common(AttnParams& p, const ioattn_tensor& q, const ioattn_tensor& k, 
   p.causal = opt.causal != 0;
   p.window_left = opt.window_left;
   p.window_right = opt.window_right;
-  p.num_threads = opt.num_threads > 0 ? opt.num_threads : cpu::default_threads();
+  p.num_threads = opt.num_threads > 0 ? opt.num_threads : default_threads();
   p.stream = opt.cuda_stream;
 }
 
@@ -216,10 +215,6 @@ Status check_no_alias(const ioattn_tensor& out, float* lse, int64_t lse_count,
   return Status::ok();
 }
 
-Status run(const AttnParams& p, int32_t backend) {
-  return backend == IOATTN_BACKEND_CUDA ? gpu::forward(p) : cpu::forward(p);
-}
-
 Status forward_impl(const ioattn_tensor* q, const ioattn_tensor* k, const ioattn_tensor* v,
                     const ioattn_tensor* out, float* lse, const ioattn_options* opt) {
   Status s;
@@ -248,7 +243,7 @@ Status forward_impl(const ioattn_tensor* q, const ioattn_tensor* k, const ioattn
   p.seqlen_k = k->seqlen;
   p.lse_head_stride = q->seqlen;
   p.lse_batch_stride = q->heads * q->seqlen;
-  return run(p, opt->backend);
+  return backend_for(opt->backend).forward(p);
 }
 
 // Metadata arrays live where the backend computes; validation reads a host copy.
@@ -259,10 +254,7 @@ Status host_copy(std::vector<int32_t>* dst, const int32_t* src, int64_t count, c
     return Status::out_of_memory(format("cannot allocate %lld metadata entries for validation", (long long)count));
   }
   if (count == 0) return Status::ok();
-  if (opt.backend == IOATTN_BACKEND_CUDA)
-    return gpu::download(dst->data(), src, size_t(count) * sizeof(int32_t), opt.cuda_stream);
-  std::memcpy(dst->data(), src, size_t(count) * sizeof(int32_t));
-  return Status::ok();
+  return backend_for(opt.backend).download(dst->data(), src, size_t(count) * sizeof(int32_t), opt.cuda_stream);
 }
 
 Status varlen_impl(const ioattn_tensor* q, const ioattn_tensor* k, const ioattn_tensor* v,
@@ -320,7 +312,7 @@ Status varlen_impl(const ioattn_tensor* q, const ioattn_tensor* k, const ioattn_
   p.cu_seqlens_k = cu_seqlens_k;
   p.lse_head_stride = q->seqlen;
   p.lse_batch_stride = 0;
-  return run(p, opt->backend);
+  return backend_for(opt->backend).forward(p);
 }
 
 // Positions the append writes, as flat element-row ids, so a block table that sends two
@@ -438,68 +430,6 @@ Status check_append_aliasing(const ioattn_kvcache& cache, const ioattn_tensor& q
   return Status::ok();
 }
 
-// Host-side append of k_new/v_new rows into the cache (converting f32 activations to the cache's
-// storage type). The overwritten slots are saved first so a later failure can restore them and
-// leave the cache exactly as the caller passed it.
-class CpuAppend {
- public:
-  Status prepare(const AttnParams& p, const ioattn_tensor& k_new, const ioattn_tensor& v_new,
-                 const std::vector<int32_t>& seqlens) {
-    p_ = &p;
-    k_new_ = &k_new;
-    v_new_ = &v_new;
-    seqlens_ = &seqlens;
-    const int64_t rows = p.batch * k_new.seqlen * p.heads_kv;
-    const size_t bytes = size_t(rows) * size_t(p.head_dim + p.head_dim_v) * size_t(dtype_bytes(p.kv_dtype));
-    backup_.reset(static_cast<char*>(scratch_alloc(bytes)));
-    if (!backup_ && bytes > 0)
-      return Status::out_of_memory(format("cannot allocate %zu bytes to stage the KV-cache append", bytes));
-    return Status::ok();
-  }
-
-  void apply() { copy_rows(true); }
-  void undo() { copy_rows(false); }
-
- private:
-  void copy_rows(bool forward) {
-    const AttnParams& p = *p_;
-    const int64_t kv_bytes = dtype_bytes(p.kv_dtype);
-    char* saved = backup_.get();
-    for (int64_t b = 0; b < p.batch; ++b) {
-      const SeqSpan s = sequence(p, b);
-      for (int64_t r = 0; r < k_new_->seqlen; ++r) {
-        const int64_t j = (*seqlens_)[size_t(b)] + r;
-        for (int64_t h = 0; h < p.heads_kv; ++h) {
-          const int64_t k_dst = k_offset(p, b, s, j, h), v_dst = v_offset(p, b, s, j, h);
-          const int64_t k_src = b * k_new_->stride_batch + r * k_new_->stride_seq + h * k_new_->stride_head;
-          const int64_t v_src = b * v_new_->stride_batch + r * v_new_->stride_seq + h * v_new_->stride_head;
-          char* k_cache = const_cast<char*>(static_cast<const char*>(p.k)) + k_dst * kv_bytes;
-          char* v_cache = const_cast<char*>(static_cast<const char*>(p.v)) + v_dst * kv_bytes;
-          const int64_t k_row = p.head_dim * kv_bytes, v_row = p.head_dim_v * kv_bytes;
-          if (forward) {
-            std::memcpy(saved, k_cache, size_t(k_row));
-            std::memcpy(saved + k_row, v_cache, size_t(v_row));
-            for (int64_t c = 0; c < p.head_dim; ++c)
-              store_from_f32(k_cache, c, p.kv_dtype, load_as_f32(k_new_->data, k_src + c, DType(k_new_->dtype)));
-            for (int64_t c = 0; c < p.head_dim_v; ++c)
-              store_from_f32(v_cache, c, p.kv_dtype, load_as_f32(v_new_->data, v_src + c, DType(v_new_->dtype)));
-          } else {
-            std::memcpy(k_cache, saved, size_t(k_row));
-            std::memcpy(v_cache, saved + k_row, size_t(v_row));
-          }
-          saved += k_row + v_row;
-        }
-      }
-    }
-  }
-
-  const AttnParams* p_ = nullptr;
-  const ioattn_tensor* k_new_ = nullptr;
-  const ioattn_tensor* v_new_ = nullptr;
-  const std::vector<int32_t>* seqlens_ = nullptr;
-  ScratchPtr<char> backup_;
-};
-
 Status kvcache_impl(const ioattn_tensor* q, const ioattn_kvcache* cache, const ioattn_tensor* k_new,
                     const ioattn_tensor* v_new, const ioattn_tensor* out, float* lse, const ioattn_options* opt) {
   Status s;
@@ -575,30 +505,20 @@ Status kvcache_impl(const ioattn_tensor* q, const ioattn_kvcache* cache, const i
   p.lse_head_stride = q->seqlen;
   p.lse_batch_stride = q->heads * q->seqlen;
 
-  if (opt->backend == IOATTN_BACKEND_CUDA) {
-    // The append writes the cache, so whatever the kernel would refuse must be refused first.
-    if (!(s = gpu::check_supported(p)).is_ok()) return s;
-    gpu::KvAppend a;
-    if (seqlen_new > 0) {
-      a.k_new = k_new->data;
-      a.v_new = v_new->data;
-      a.dtype = DType(k_new->dtype);
-      a.seqlen_new = seqlen_new;
-      set_strides(*k_new, &a.k_batch_stride, &a.k_seq_stride, &a.k_head_stride);
-      set_strides(*v_new, &a.v_batch_stride, &a.v_seq_stride, &a.v_head_stride);
-      a.cache_seqlens = cache->seqlens;
-    }
-    return gpu::forward_kvcache(p, seqlen_new > 0 ? &a : nullptr);
-  }
-  // The CPU kernel reads sequence lengths from this host array.
-  CpuAppend append;
+  KvAppend a;
   if (seqlen_new > 0) {
-    if (!(s = append.prepare(p, *k_new, *v_new, seqlens)).is_ok()) return s;
-    append.apply();
+    a.k_new = k_new->data;
+    a.v_new = v_new->data;
+    a.dtype = DType(k_new->dtype);
+    a.seqlen_new = seqlen_new;
+    set_strides(*k_new, &a.k_batch_stride, &a.k_seq_stride, &a.k_head_stride);
+    set_strides(*v_new, &a.v_batch_stride, &a.v_seq_stride, &a.v_head_stride);
+    a.cache_seqlens = cache->seqlens;
   }
-  s = cpu::forward(p);
-  if (!s.is_ok() && seqlen_new > 0) append.undo();
-  return s;
+  const Backend& backend = backend_for(opt->backend);
+  // The append writes the cache, so whatever the kernel would refuse must be refused first.
+  if (!(s = backend.check_supported(p)).is_ok()) return s;
+  return backend.forward_kvcache(p, seqlen_new > 0 ? &a : nullptr, seqlens.data());
 }
 
 ioattn_status finish(const Status& s) {
@@ -673,7 +593,7 @@ const char* ioattn_version(void) { return IOATTN_VERSION_STRING; }
 
 int ioattn_backend_available(int32_t backend) {
   if (backend == IOATTN_BACKEND_CPU) return 1;
-  if (backend == IOATTN_BACKEND_CUDA) return ioattn::gpu::available() ? 1 : 0;
+  if (backend == IOATTN_BACKEND_CUDA) return ioattn::gpu_backend().available() ? 1 : 0;
   return 0;
 }
 

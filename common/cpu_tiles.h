@@ -66,6 +66,39 @@ constexpr int cpu_decode_max_rows = 8;
 constexpr bool cpu_decode_mode(int64_t rows_per_unit) {
   return rows_per_unit > 0 && rows_per_unit <= cpu_decode_max_rows;
 }
+// How the CPU kernel runs a call:
+//  * decode: every sequence's query rows per kv head fit cpu_decode_max_rows; a task is a
+//    (sequence, key split) over all kv heads, streaming K/V straight from the cache;
+//  * head: a task is a whole (sequence, kv head) whose K/V is converted once into an fp32 copy
+//    that all its query tiles stream, which saves (tiles per head - 1) strided passes over it;
+//  * tile: a task is one query tile (or one key split of it) that packs each K/V block it reads.
+enum class CpuCallMode { decode, head, tile };
+
+// What the mode rule reads, each as its caller counts it (the kernel from the call's sequences,
+// the traffic model from the problem's).
+struct CpuCallFacts {
+  int64_t rows_per_unit = 0;   // query rows per (sequence, kv head), the longest sequence's
+  int64_t kv_splits = 1;
+  double tiles = 0;            // query tiles over all units
+  double units = 0;            // (sequence, kv head) units with a query
+  double workers = 1;
+  double head_copy_bytes = 0;  // one unit's fp32 K/V copy in head mode
+};
+
+// Head mode's copy per worker at most: a 16k-key head at D = Dv = 512. Longer heads run in tile
+// mode, whose scratch does not grow with the sequence.
+constexpr int64_t cpu_max_head_copy_bytes = int64_t(64) << 20;
+
+// Head mode when every worker gets at least two whole heads and a head has two or more query
+// tiles on average; decode and few-head problems keep per-tile tasks (and key splits), which
+// expose more parallelism. The mode changes where K/V is read from, never a result bit.
+constexpr CpuCallMode cpu_call_mode(const CpuCallFacts& f) {
+  if (cpu_decode_mode(f.rows_per_unit)) return CpuCallMode::decode;
+  const bool head = f.kv_splits <= 1 && f.tiles >= 2 * f.units && (f.workers == 1 || f.units >= 2 * f.workers) &&
+                    f.head_copy_bytes <= double(cpu_max_head_copy_bytes);
+  return head ? CpuCallMode::head : CpuCallMode::tile;
+}
+
 // Decode's softmax block (keys per online-softmax step, all kv heads at once; the kernel's
 // comment on kDecodeKeys has the measurements) and the unit its key splits are cut in.
 constexpr int cpu_decode_block_keys = 32;

@@ -1,6 +1,7 @@
 #include "common/hardware.h"
 
-#include <hwy/targets.h>
+#include "common/backend.h"
+
 #include <sched.h>
 #include <unistd.h>
 
@@ -205,12 +206,6 @@ std::string trim(std::string s) {
   return s;
 }
 
-int simd_bits_of_target(int64_t target) {
-  if (target & (HWY_AVX3 | HWY_AVX3_DL)) return 512;
-  if (target & (HWY_AVX2 | HWY_SVE_256)) return 256;
-  return 128;
-}
-
 }  // namespace
 
 // The CPUs this thread may run on, not the machine's: under taskset, a cgroup cpuset (containers)
@@ -234,11 +229,7 @@ HardwareProfile detect_host_uncached() {
   hw.kind = DeviceKind::cpu;
   hw.cores = available_cpus();
 
-  // The best compiled-and-supported target is the lowest set bit: Highway numbers better targets lower.
-  const int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
-  const int64_t best = targets & -targets;
-  hw.simd_target = best ? hwy::TargetName(best) : "scalar";
-  hw.simd_bits = simd_bits_of_target(best);
+  cpu_backend().query_device(&hw);
 
   // sysfs reports no frequency inside many VMs; 3 GHz is a nominal server clock. 2 FMA pipes x
   // lanes x 2 FLOP per FMA is every target's peak on the cores we profile.
@@ -320,6 +311,15 @@ HardwareProfile detect_host() {
   return host;
 }
 
+int default_threads() {
+  if (const char* env = std::getenv("IOATTN_NUM_THREADS")) {
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && n >= 1 && n <= 4096) return int(n);
+  }
+  return std::max(1, detect_host().cores);
+}
+
 HardwareProfile planning_profile(const std::string& value) {
   for (const HardwareProfile& hw : builtin_profiles())
     if (hw.name == value && hw.kind == DeviceKind::cpu) return hw;
@@ -358,7 +358,7 @@ bool find_profile(const std::string& name, HardwareProfile* out, std::string* er
 
 bool detect_gpu(HardwareProfile* out) {
   HardwareProfile hw;
-  if (!query_cuda_device(&hw)) return false;
+  if (!gpu_backend().query_device(&hw)) return false;
   // The runtime reports no L2 partitioning; take it from the built-in profile of the same chip.
   for (const HardwareProfile& known : builtin_profiles()) {
     if (known.kind != DeviceKind::gpu || known.cores != hw.cores || hw.levels.size() < 2) continue;

@@ -68,7 +68,8 @@ HardwareProfile planning_profile(const std::string& value);
 // CPUs the calling thread's affinity mask allows (all online CPUs where there is no mask).
 int available_cpus();
 
-// Detected CUDA device 0, when this build has CUDA and a device is visible.
+// Detected CUDA device 0 (the CUDA backend's device query), when this build has CUDA and a
+// device is visible.
 bool detect_gpu(HardwareProfile* out);
 
 // A custom profile from a JSON file in the same schema as profiles.json; false and a message
@@ -83,9 +84,8 @@ std::string profile_to_json(const HardwareProfile& hw);
 bool parse_profile_json(const std::string& text, const std::string& origin, HardwareProfile* out,
                         std::string* error);
 
-// Fills GPU fields from CUDA device 0 (cudaGetDeviceProperties). Implemented in gpu/device.cu
-// in CUDA builds and gpu/gpu_unavailable.cc (returns false) otherwise.
-bool query_cuda_device(HardwareProfile* out);
+// Worker count the library uses when the caller passes 0: IOATTN_NUM_THREADS, else all cores.
+int default_threads();
 
 // The names find_profile accepts: "host" then the built-ins, comma separated.
 std::string profile_names();

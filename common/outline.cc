@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "common/cpu_tiles.h"
+#include "common/int_math.h"
 
 namespace ioattn {
 namespace {
@@ -16,8 +17,6 @@ std::string fmt(const char* f, double v) {
 }
 
 std::string num(int64_t v) { return std::to_string(v); }
-
-int64_t ceil_div(int64_t a, int64_t b) { return b > 0 ? (a + b - 1) / b : 0; }
 
 // Largest finite value of the storage type: what an unshifted exp would have to stay under.
 const char* dtype_range(DType t) {
@@ -44,7 +43,7 @@ std::string format_ratio(double standard_bytes, double flash_bytes) {
 DesignOutline designOutline(const Problem& pr, const Plan& plan, const HardwareProfile& hw) {
   const TrafficReport t = predict_traffic(pr, plan, hw);
   DesignOutline o;
-  const bool gpu = plan.backend == Backend::cuda;
+  const bool gpu = plan.backend == BackendKind::cuda;
 
   std::string traffic = "Predicted bytes per boundary on " + hw.name + ", flash vs standard (S and P materialized in fp32):";
   for (const BoundaryTraffic& b : t.levels) {
@@ -72,7 +71,7 @@ DesignOutline designOutline(const Problem& pr, const Plan& plan, const HardwareP
              ".";
   o.memoryTraffic = traffic;
 
-  const int64_t q_blocks = ceil_div(rows, plan.block_q);
+  const int64_t q_blocks = plan.block_q > 0 ? ceil_div(rows, plan.block_q) : 0;
   if (cpu_decode) {
     o.tiling = "decode mode (" + num(rows) + " query rows per kv head, at most " + num(cpu_decode_max_rows) +
                "): one task per sequence and key split runs all " + num(pr.heads_kv) + " kv heads, whose rows keep fp32 Q, " +
@@ -103,7 +102,7 @@ DesignOutline designOutline(const Problem& pr, const Plan& plan, const HardwareP
   }
 
   const double scale = 1.0 / std::sqrt(double(std::max<int64_t>(pr.head_dim, 1)));
-  const int64_t kv_blocks = ceil_div(pr.seqlen_k, key_block);
+  const int64_t kv_blocks = key_block > 0 ? ceil_div(pr.seqlen_k, key_block) : 0;
   o.numericalStability =
       "Scores are scaled by 1/sqrt(" + num(pr.head_dim) + ") = " + fmt("%.4g", scale) + " and each row keeps a running max m " +
       "over its visible keys, so every exponent is exp(s - m) <= 1 and cannot overflow, however large the " +

@@ -6,6 +6,7 @@
 
 #include "common/cpu_tiles.h"
 #include "common/gpu_tiles.h"
+#include "common/int_math.h"
 
 namespace ioattn {
 namespace {
@@ -39,9 +40,6 @@ constexpr int64_t kMinKvBlocksPerSplit = 4;
 constexpr int kGpuRegsPerThread = 255;
 constexpr int kGpuMaxThreadsPerSm = 2048;
 constexpr int64_t kGpuSmemReservedPerBlock = 1024;  // the runtime's per-CTA reservation (sm_80+)
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t round_up(int64_t a, int64_t m) { return ceil_div(a, m) * m; }
 
 std::string kib(int64_t bytes) {
   char buf[64];
@@ -88,7 +86,7 @@ int64_t cpu_target_capacity(const HardwareProfile& hw) {
 
 Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
   Plan plan;
-  plan.backend = Backend::cpu;
+  plan.backend = BackendKind::cpu;
   plan.hardware = hw.name;
   const int lanes = std::max(4, hw.simd_bits / 32);
   const CpuRegisterTile tile = cpu_register_tile(hw.simd_bits);
@@ -200,7 +198,7 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
 
 Plan plan_gpu(const Problem& pr, const HardwareProfile& hw) {
   Plan plan;
-  plan.backend = Backend::cuda;
+  plan.backend = BackendKind::cuda;
   plan.hardware = hw.name;
   plan.reg_rows = 16;  // mma.sync m16n8k16: 16 query rows per warp
   plan.reg_cols = 8;

@@ -11,10 +11,10 @@
 
 namespace ioattn {
 
-enum class Backend { cpu, cuda };
+enum class BackendKind { cpu, cuda };
 
 struct Plan {
-  Backend backend = Backend::cpu;
+  BackendKind backend = BackendKind::cpu;
   std::string hardware;  // profile name
   int block_q = 0;       // query rows per tile
   int block_kv = 0;      // key/value rows per inner step

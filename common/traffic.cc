@@ -7,12 +7,11 @@
 
 #include "common/cpu_tiles.h"
 #include "common/gpu_tiles.h"
+#include "common/int_math.h"
 #include "common/masking.h"
 
 namespace ioattn {
 namespace {
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // How the query blocks of one unit (a K/V stream: one kv head on the CPU, one q head on the
 // GPU) walk the key axis. As the CPU kernel packs GQA, a tile holds max(1, block_q / G) query
@@ -959,9 +958,9 @@ TrafficReport cpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   const double packed_row = (double(plan.head_dim_padded > 0 ? plan.head_dim_padded : pr.head_dim) + dvq) * 4.0;
   const double head_copy = double(w.kv_rows_union) * packed_row;
   const double tiles = units * double(w.q_blocks);
-  const bool head_mode = plan.kv_splits <= 1 && tiles >= 2 * units && (workers == 1 || units >= 2 * workers) &&
-                         head_copy <= double(int64_t(64) << 20);
-  const bool decode = cpu_decode_mode(plan.rows_per_unit);
+  const CpuCallMode mode = cpu_call_mode({plan.rows_per_unit, plan.kv_splits, tiles, units, workers, head_copy});
+  const bool head_mode = mode == CpuCallMode::head;
+  const bool decode = mode == CpuCallMode::decode;
   double prev_flash_kv = kv_streamed, prev_std_kv = kv_std_per_qhead;
   double best_share = 0;  // the largest per-worker share of the levels inside the current boundary
   for (size_t b = 0; b + 1 < hw.levels.size(); ++b) {

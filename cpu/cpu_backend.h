@@ -25,7 +25,4 @@ size_t scratch_bytes(const AttnParams& p);
 // Highway target the dispatcher picks on this machine ("AVX2", "AVX3", "NEON", ...).
 std::string dispatch_target_name();
 
-// Worker count the library uses when the caller passes 0: IOATTN_NUM_THREADS, else all cores.
-int default_threads();
-
 }  // namespace ioattn::cpu

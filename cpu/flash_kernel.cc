@@ -1294,30 +1294,13 @@ struct CallShape {
   int workers = 1;
 };
 
-// Extra memory head mode may take per worker: a 16k-key head at D = Dv = 512 (64 MiB). Longer
-// heads run in tile mode, whose scratch does not grow with the sequence.
-constexpr int64_t kMaxHeadBytes = int64_t(64) << 20;
-
-// Head mode when every worker gets at least two whole heads and a head has two or more query
-// tiles on average: then packing K/V once per head instead of once per tile saves
-// (tiles per head - 1) strided passes over it, and the tiles stream the packed copy, which the
-// hardware prefetchers follow. It changes where K/V is read from, never a result bit. Decode and
-// few-head problems keep per-tile tasks (and key splits), which expose more parallelism.
+// The mode comes from the rule the traffic model shares (cpu_call_mode); the geometry and task
+// counts follow from it.
 CallShape DecideShape(const AttnParams& p, const Plan& plan) {
   CallShape c;
   const int64_t G = p.heads_q / p.heads_kv;
   int64_t max_sq = 0;
   for (int64_t b = 0; b < p.batch; ++b) max_sq = std::max(max_sq, sequence(p, b).seqlen_q);
-  if (G * std::max<int64_t>(max_sq, 1) <= kDecodeRows) {
-    // Decode mode: one tile per (sequence, kv head), tasks (sequence, split) over all kv heads.
-    c.g = MakeGeometry(p, plan, false, 0, std::max<int64_t>(max_sq, 1));
-    for (int64_t b = 0; b < p.batch; ++b)
-      if (sequence(p, b).seqlen_q > 0) c.n_tiles += p.heads_kv;
-    c.n_heads = c.n_tiles;
-    c.n_tasks = p.batch * c.g.splits;
-    c.workers = static_cast<int>(std::min<int64_t>(std::max(plan.workers, 1), std::max<int64_t>(c.n_tasks, 1)));
-    return c;
-  }
   const Geometry g0 = MakeGeometry(p, plan, false, 0);
   int64_t head_keys = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
@@ -1329,8 +1312,20 @@ CallShape DecideShape(const AttnParams& p, const Plan& plan) {
   }
   const int64_t want = std::max(plan.workers, 1);
   const int64_t head_bytes = head_keys * (g0.D + g0.Dvq) * int64_t(sizeof(float));
-  const bool head_mode = g0.splits == 1 && c.n_tiles >= 2 * c.n_heads && (want == 1 || c.n_heads >= 2 * want) &&
-                         head_bytes <= kMaxHeadBytes;
+  const CpuCallMode mode = cpu_call_mode({G * std::max<int64_t>(max_sq, 1), g0.splits, double(c.n_tiles),
+                                          double(c.n_heads), double(want), double(head_bytes)});
+  if (mode == CpuCallMode::decode) {
+    c = CallShape{};
+    // Decode mode: one tile per (sequence, kv head), tasks (sequence, split) over all kv heads.
+    c.g = MakeGeometry(p, plan, false, 0, std::max<int64_t>(max_sq, 1));
+    for (int64_t b = 0; b < p.batch; ++b)
+      if (sequence(p, b).seqlen_q > 0) c.n_tiles += p.heads_kv;
+    c.n_heads = c.n_tiles;
+    c.n_tasks = p.batch * c.g.splits;
+    c.workers = static_cast<int>(std::min<int64_t>(std::max(plan.workers, 1), std::max<int64_t>(c.n_tasks, 1)));
+    return c;
+  }
+  const bool head_mode = mode == CpuCallMode::head;
   c.g = head_mode ? MakeGeometry(p, plan, true, head_keys) : g0;
   c.n_tasks = head_mode ? c.n_heads : c.n_tiles * c.g.splits;
   c.workers = static_cast<int>(std::min<int64_t>(want, std::max<int64_t>(c.n_tasks, 1)));

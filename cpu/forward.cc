@@ -1,6 +1,5 @@
 // ioattn::cpu::forward: plan, then the Highway kernel (cpu/flash_kernel.cc).
 #include <algorithm>
-#include <cstdlib>
 
 #include "common/hardware.h"
 #include "common/problem.h"
@@ -39,14 +38,5 @@ Status forward(const AttnParams& p) { return flash_forward(p, plan_for_params(p)
 size_t scratch_bytes(const AttnParams& p) { return flash_scratch_bytes(p, plan_for_params(p)); }
 
 std::string dispatch_target_name() { return flash_target_name(); }
-
-int default_threads() {
-  if (const char* env = std::getenv("IOATTN_NUM_THREADS")) {
-    char* end = nullptr;
-    const long n = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && n >= 1 && n <= 4096) return int(n);
-  }
-  return std::max(1, detect_host().cores);
-}
 
 }  // namespace ioattn::cpu

@@ -27,6 +27,8 @@ std::string pointer_text(const void* p) {
 
 }  // namespace
 
+namespace gpu {
+
 bool query_cuda_device(HardwareProfile* out) {
   int device = 0, clock_khz = 0, mem_clock_khz = 0;
   cudaDeviceProp prop{};
@@ -80,8 +82,6 @@ bool query_cuda_device(HardwareProfile* out) {
   *out = hw;
   return true;
 }
-
-namespace gpu {
 
 bool available() {
   int count = 0;

@@ -4,21 +4,17 @@
 
 #include <cstddef>
 
+#include "common/backend.h"
+#include "common/hardware.h"
 #include "common/params.h"
 #include "common/status.h"
 
-namespace ioattn {
-
-struct HardwareProfile;
+namespace ioattn::gpu {
 
 // The current CUDA device as a hardware profile (SM count, shared memory per SM and per block
 // opt-in, registers, L2, clocks, HBM bandwidth from the memory clock); false when this build has
-// no CUDA or no device is visible. Also declared in common/hardware.h.
+// no CUDA or no device is visible.
 bool query_cuda_device(HardwareProfile* out);
-
-}  // namespace ioattn
-
-namespace ioattn::gpu {
 
 // A CUDA device is usable by this build.
 bool available();
@@ -31,17 +27,7 @@ Status check_supported(const AttnParams& p);
 // p validated by the API layer; all pointers are device pointers; runs on p.stream.
 Status forward(const AttnParams& p);
 
-// KV-cache append on the device: rows [0, seqlen_new) of k_new/v_new go to positions
-// cache_seqlens[b] + r of sequence b in the (contiguous or paged) cache that p.k/p.v describe.
-struct KvAppend {
-  const void* k_new = nullptr;
-  const void* v_new = nullptr;
-  DType dtype = DType::f32;
-  int64_t seqlen_new = 0;
-  int64_t k_batch_stride = 0, k_seq_stride = 0, k_head_stride = 0;
-  int64_t v_batch_stride = 0, v_seq_stride = 0, v_head_stride = 0;
-  const int32_t* cache_seqlens = nullptr;  // device pointer, before the append
-};
+// KV-cache append on the device (KvAppend's pointers, cache_seqlens included, are device pointers).
 // Bytes append_kv needs to keep the cache slots it overwrites; `saved` (that many bytes of device
 // memory, or null to keep nothing) lets restore_kv put them back bit for bit when the attention
 // after the append fails, so a failed call leaves the cache as it was.

@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "common/backend.h"
 #include "common/hardware.h"
 #include "tests/catch.h"
 
@@ -149,7 +150,8 @@ TEST_CASE("the default thread count follows the affinity mask, not the online CP
 TEST_CASE("a build without CUDA detects no GPU") {
   HardwareProfile gpu;
   CHECK_FALSE(detect_gpu(&gpu));
-  CHECK_FALSE(query_cuda_device(&gpu));
+  CHECK_FALSE(gpu_backend().query_device(&gpu));
+  CHECK_FALSE(gpu_backend().available());
 }
 #endif
 

@@ -65,7 +65,7 @@ TEST_CASE("each outline field names this plan's figures") {
     CHECK(has(o.numericalStability, "fp32"));
     CHECK(has(o.numericalStability, std::to_string(pr.seqlen_k) + " keys"));
     // CPU decode mode streams the cache in its own 32-key blocks, not the packed block_kv.
-    const bool cpu_decode = plan.backend == Backend::cpu && cpu_decode_mode(plan.rows_per_unit);
+    const bool cpu_decode = plan.backend == BackendKind::cpu && cpu_decode_mode(plan.rows_per_unit);
     CHECK(has(o.numericalStability,
               "blocks of " + std::to_string(cpu_decode ? int64_t(cpu_decode_block_keys) : int64_t(plan.block_kv))));
     if (plan.kv_splits > 1) CHECK(has(o.numericalStability, std::to_string(plan.kv_splits) + " key splits"));

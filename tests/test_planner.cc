@@ -213,7 +213,7 @@ TEST_CASE("GPU plans take their tile from the constexpr table") {
     for (const Problem& pr : problems) {
       const Plan plan = plan_gpu(pr, hw);
       INFO(hw.name << " D=" << pr.head_dim << ": " << plan.rationale);
-      CHECK(plan.backend == Backend::cuda);
+      CHECK(plan.backend == BackendKind::cuda);
       CHECK(plan.target_level == "smem");
       CHECK(plan.target_level_bytes == hw.smem_per_block_bytes);
       CHECK(plan.working_set_bytes <= hw.smem_per_block_bytes);

@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "common/reference.h"
-#include "cpu/cpu_backend.h"
+#include "common/hardware.h"
 #include "tools/cli.h"
 #include "tools/device_buffer.h"
 
@@ -161,7 +161,7 @@ AttnParams params_for_heads(const ForwardJob& job, int64_t head_begin, int64_t h
   p.causal = o.causal != 0;
   p.window_left = o.window_left;
   p.window_right = o.window_right;
-  p.num_threads = o.num_threads > 0 ? o.num_threads : cpu::default_threads();
+  p.num_threads = o.num_threads > 0 ? o.num_threads : default_threads();
   return p;
 }
 

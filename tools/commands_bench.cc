@@ -151,7 +151,7 @@ int cmd_bench(int argc, char** argv) {
   }
   if (a.has("--ceilings")) {
     const int t = int(int_option(a, "--threads", 0, 0, 4096));
-    return print_ceilings(t > 0 ? t : cpu::default_threads(), a.has("--json"));
+    return print_ceilings(t > 0 ? t : default_threads(), a.has("--json"));
   }
   const ProblemRequest req = read_problem_flags(a, false);
   const Problem& pr = req.problem;
@@ -164,7 +164,7 @@ int cmd_bench(int argc, char** argv) {
   opt.window_right = int32_t(pr.window_right);
   opt.scale = req.scale;
   opt.softcap = req.softcap;
-  const int threads = opt.num_threads > 0 ? opt.num_threads : cpu::default_threads();
+  const int threads = opt.num_threads > 0 ? opt.num_threads : default_threads();
 
   std::mt19937 rng(20260102);
   HostTensor q(pr.dtype, pr.batch, pr.seqlen_q, pr.heads_q, pr.head_dim);

@@ -10,7 +10,7 @@
 #include "common/outline.h"
 #include "common/planner.h"
 #include "common/traffic.h"
-#include "cpu/cpu_backend.h"
+#include "common/hardware.h"
 #include "tools/args.h"
 #include "tools/attention_job.h"
 #include "tools/cli.h"
@@ -110,7 +110,7 @@ int cmd_demo(int argc, char** argv) {
   ioattn_options_default(&opt);
   opt.causal = 1;
   opt.num_threads = int32_t(int_option(a, "--threads", 0, 0, 4096));
-  const int threads = opt.num_threads > 0 ? opt.num_threads : cpu::default_threads();
+  const int threads = opt.num_threads > 0 ? opt.num_threads : default_threads();
 
   std::mt19937 rng(kSeed);
   HostTensor q(DType::f32, kBatch, kSeqlen, kHeads, kHeadDim), k(DType::f32, kBatch, kSeqlen, kHeads, kHeadDim),

@@ -10,7 +10,7 @@ namespace ioattn::cli {
 
 using nlohmann::json;
 
-const char* backend_name(Backend b) { return b == Backend::cpu ? "cpu" : "cuda"; }
+const char* backend_name(BackendKind b) { return b == BackendKind::cpu ? "cpu" : "cuda"; }
 const char* device_kind_name(DeviceKind k) { return k == DeviceKind::cpu ? "cpu" : "gpu"; }
 
 json problem_json(const Problem& pr) {
@@ -90,7 +90,7 @@ std::string plan_text(const Plan& p, const HardwareProfile& hw) {
   if (!hw.description.empty()) os << ": " << hw.description;
   os << "\nbackend         " << backend_name(p.backend) << "\nblocks          block_q " << p.block_q << " x block_kv "
      << p.block_kv << ", head dim padded to " << p.head_dim_padded;
-  if (p.backend == Backend::cpu) {
+  if (p.backend == BackendKind::cpu) {
     os << "\nregister tile   " << p.reg_rows << " rows x " << p.reg_cols << " columns";
   } else {
     os << "\nCTA             " << p.warps << " warps, " << p.stages << " pipeline stages, " << p.ctas_per_sm

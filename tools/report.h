@@ -12,7 +12,7 @@
 
 namespace ioattn::cli {
 
-const char* backend_name(Backend b);
+const char* backend_name(BackendKind b);
 const char* device_kind_name(DeviceKind k);
 
 nlohmann::json problem_json(const Problem& pr);

@@ -203,7 +203,7 @@ inline bool make_problem_plan(const Fields& f, Problem* pr, Plan* plan, int* sim
   pr->dtype = pr->kv_dtype = t;
   pr->causal = causal != 0;
   *plan = Plan{};
-  plan->backend = Backend::cpu;
+  plan->backend = BackendKind::cpu;
   plan->block_q = int(bq);
   plan->block_kv = int(bkv);
   plan->head_dim_padded = int(dp);
