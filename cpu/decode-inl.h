@@ -1,0 +1,399 @@
+// The decode pipeline: K/V streamed straight from the cache, every head of a sequence per task.
+// Per-target code: included by cpu/flash_kernel.cc once for every Highway target.
+#if defined(IOATTN_CPU_DECODE_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef IOATTN_CPU_DECODE_INL_H_
+#undef IOATTN_CPU_DECODE_INL_H_
+#else
+#define IOATTN_CPU_DECODE_INL_H_
+#endif
+
+#include <algorithm>
+#include <type_traits>
+
+#include "cpu/softmax-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace ioattn::cpu {
+namespace HWY_NAMESPACE {
+
+// Decode mode: K/V stream straight from the cache. Packing would convert each key to f32 into
+// scratch and read it back, and score with a register tile whose 16 query rows are mostly empty
+// at G = 4; here each K row is loaded once, widened in registers (PromoteTo, exact) and dotted
+// with every row of its head, and each V row is loaded once per column chunk while it sits in
+// L1, so every byte of the cache crosses the memory bus once.
+//
+// Arithmetic (D = Dv = 128, f16, G = 4): a key of one head is 256 + 256 bytes and costs
+// 4 x 128 multiply-adds for the scores plus as many for P V, 4 flops per byte. At AVX-512 that
+// is 64 vector FMAs per key and head, 32 cycles on two FMA ports: 512 bytes per 32 cycles is
+// ~40 GB/s per core at 2.5 GHz, so a core can outrun its DRAM stream (~12 GB/s on the Xeon
+// dev VM) if nothing else costs more than the FMAs. Two things used to: a horizontal sum per
+// (key, row) (10 shuffles and adds each, more than the key's 8 FMAs per row at AVX-512), and a
+// softmax vectorized over the 4 rows of a head (12 of 16 lanes idle). Now the dot products of
+// kGroupKeys = lanes consecutive keys are reduced together by a transposed tree (DecodeScore,
+// lanes - 1 pairwise-sum steps of 3 ops per lanes keys: under 3 ops per key and row instead of
+// 10) whose result is one vector of the keys' scores, and the softmax runs along the keys.
+
+// The transposed reduction needs a power-of-two lane count that divides the softmax block;
+// elsewhere (scalable vectors wider than 16 lanes) each key is reduced on its own.
+constexpr bool kTreeReduce = kLanes >= 2 && kLanes <= kDecodeKeys && (kLanes & (kLanes - 1)) == 0;
+constexpr int64_t kGroupKeys = kTreeReduce ? kLanes : 1;
+// x86 below AVX-512 has 16 vector registers, AVX-512 and Arm 32. The score step keeps
+// 4 rows x kStepKeys accumulators (8 or 16) plus kStepKeys K vectors live, the P V tile
+// 4 rows x kDecodeColVecs accumulators plus as many V vectors and a broadcast.
+constexpr bool kWideRegisterFile = !(HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3);
+constexpr int kStepKeys = !kTreeReduce ? 1 : kLanes >= 4 && kWideRegisterFile ? 4 : 2;
+constexpr int kDecodeColVecs = kWideRegisterFile ? 4 : 2;
+
+// Lanes of a's pairwise sums, then b's: one level of the transposed reduction. Applied to
+// neighbours level by level, lanes vectors become one whose lane i is the sum of vector i.
+// (A template found by argument-dependent lookup: the single-lane target has no ConcatEven and
+// never instantiates it.)
+template <class D>
+HWY_INLINE hn::Vec<D> PairSums(D d, hn::Vec<D> a, hn::Vec<D> b) {
+  return Add(ConcatEven(d, b, a), ConcatOdd(d, b, a));
+}
+
+// Software prefetch of the next softmax block: a head's K and V rows of block n + 1 (32 x 512
+// bytes at D = 128 in f16) are requested while the same head computes block n, a few lines per
+// inner step of the score and P V loops (per_step = lines / steps, 2 at AVX-512 and D = 128),
+// so the requests overlap the arithmetic instead of queueing behind each other. Measured on the
+// Xeon VM (f16, 1 GiB cache): without software prefetch one core read 5.3 GB/s against 10-12
+// for a plain read of the same pattern (compute and memory taking turns: 1 / (1/16 + 1/12));
+// with this queue 8.5-9.7, and 2 threads 60-80% of a paired plain read (bench_decode of_read%).
+// Variants that measured worse: a burst of the whole block's prefetches at its start (stalled
+// on the 16 L1 fill buffers, 85% of samples on the prefetches), 3 lines per step (the queue
+// then competes with the current block's L2 hits), the next head's rows of the current block
+// on top (in-L2 runs 12.7 -> 10.5 GB/s), two blocks ahead (same within noise). All heads of
+// the next block in position order measured -5 points while the queue filled L1 (16-key
+// blocks, prefetcht0: 128 KiB per block through a 48 KiB L1); into L2 it is now the default
+// where a position's heads are contiguous (DecodeRange).
+// The requests are prefetcht2 (into L2), not prefetcht0: the lines are used a block later, after
+// all other heads' blocks have passed through L1, so L1 never kept them anyway, and a synthetic
+// stream with this access order and arithmetic ran 66-82% of a paired plain read with t2
+// against 56-65% with t0 (H200 host's Xeon, 1 and 2 threads; nta: 22%). With 32-key blocks,
+// bench_decode at 2 threads (f16 and bf16, 0.5-1 GiB caches, three alternated passes): dev VM
+// 70-79% of the paired read against 66-74% for t0 and 16 keys (t2 alone: 70-75%); H200 host,
+// one pass, 17-20 GB/s against 16-18.
+struct LineQueue {
+  const char* const* rows;
+  int64_t nrows, row_bytes, per_step;
+  // The line being issued and the end of its row, as integers (the last step may pass the
+  // cache's end): a compare and an add per line, each row's pointer read once. Hot decode
+  // (1 thread, L2-resident, f16) against a row index and byte count re-adding rows[row] per
+  // line: Zen 4 EPYC VM G = 1 62 -> 56.6 cycles per key and kv head, G = 4 unchanged; H200
+  // host's Xeon G = 4 +3-4%. From DRAM 1.00x at G = 4 on both.
+  int64_t row = 0;
+  uintptr_t at = 0, stop = 0;
+  HWY_INLINE void Issue() {
+    for (int64_t n = 0; n < per_step; ++n) {
+      if (at >= stop) {
+        if (row == nrows) return;
+        at = reinterpret_cast<uintptr_t>(rows[row++]);
+        stop = at + uintptr_t(row_bytes);
+      }
+      __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 1);
+      at += 64;
+    }
+  }
+};
+
+// s[r * kDecodeStride + i] = K_i . Q_r for the kGroupKeys keys krows[i] and R query rows. q: the
+// chunk's rows in DecodeQ's layout, so that one pointer serves all rows. kStepKeys keys share
+// each Q load; their sums are folded in registers to one vector per row, and the group's
+// kGroupKeys / kStepKeys such vectors per row are folded once at the end. The tail of D past the
+// last whole vector is scalar.
+template <class T, int R>
+void DecodeScore(const T* const* krows, const float* q, int64_t D, float* s, LineQueue& pq) {
+  const DF df;
+  constexpr int64_t kSteps = kGroupKeys / kStepKeys;
+  const int64_t dv = D / kLanes * kLanes;
+  VF part[R][kSteps];
+  // A local copy stays in registers; through the reference every step stored its cursor back.
+  LineQueue lq = pq;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    const T* kr[kStepKeys];
+    VF acc[R][kStepKeys];
+#pragma GCC unroll 16
+    for (int k = 0; k < kStepKeys; ++k) {
+      kr[k] = krows[step * kStepKeys + k];
+      for (int r = 0; r < R; ++r) acc[r][k] = hn::Zero(df);
+    }
+    for (int64_t d = 0; d < dv; d += kLanes) {
+      lq.Issue();
+      VF kv[kStepKeys];
+#pragma GCC unroll 16
+      for (int k = 0; k < kStepKeys; ++k) kv[k] = LoadWide(kr[k] + d);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const VF qv = hn::LoadU(df, q + kDecodeRowChunk * d + r * kLanes);
+        for (int k = 0; k < kStepKeys; ++k) acc[r][k] = hn::MulAdd(kv[k], qv, acc[r][k]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      if constexpr (kStepKeys == 4) {
+        part[r][step] = PairSums(df, PairSums(df, acc[r][0], acc[r][1]), PairSums(df, acc[r][2], acc[r][3]));
+      } else if constexpr (kStepKeys == 2) {
+        part[r][step] = PairSums(df, acc[r][0], acc[r][1]);
+      } else {
+        part[r][step] = acc[r][0];
+      }
+    }
+  }
+  pq = lq;
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    if constexpr (kTreeReduce) {
+      for (int64_t n = kSteps; n > 1; n /= 2)
+        for (int64_t i = 0; i < n / 2; ++i) part[r][i] = PairSums(df, part[r][2 * i], part[r][2 * i + 1]);
+      hn::StoreU(part[r][0], df, s + r * kDecodeStride);
+    } else {
+      s[r * kDecodeStride] = hn::GetLane(hn::SumOfLanes(df, part[r][0]));
+    }
+  }
+  if (dv == D) return;
+  for (int r = 0; r < R; ++r)
+    for (int64_t i = 0; i < kGroupKeys; ++i) {
+      float x = 0.f;
+      for (int64_t e = dv; e < D; ++e)
+        x += load_as_f32(krows[i], e, kDTypeOf<T>) * q[kDecodeRowChunk * dv + r * (D - dv) + (e - dv)];
+      s[r * kDecodeStride + i] += x;
+    }
+}
+
+template <class T>
+void DecodeScoreRows(int R, const T* const* krows, const float* q, int64_t D, float* s, LineQueue& pq) {
+  switch (R) {
+    case 1: return DecodeScore<T, 1>(krows, q, D, s, pq);
+    case 2: return DecodeScore<T, 2>(krows, q, D, s, pq);
+    case 3: return DecodeScore<T, 3>(krows, q, D, s, pq);
+    default: return DecodeScore<T, 4>(krows, q, D, s, pq);
+  }
+}
+
+// O[r][col + c * lanes ...] += sum_{j in [a, e)} P[r][j] * V_j[col + c * lanes ...] for R rows
+// and C vectors of columns, V rows read from the cache (vrows[j]). p: P at row 0 of the chunk
+// (row stride kDecodeStride); o: O at the chunk's first row (stride dvp).
+template <class T, int R, int C>
+void DecodePv(const void* const* vrows, int64_t a, int64_t e, const float* p, int64_t col, float* o, int64_t dvp,
+              LineQueue& pq) {
+  const DF df;
+  VF acc[R][C];
+  LineQueue lq = pq;
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = hn::Zero(df);
+  for (int64_t j = a; j < e; ++j) {
+    lq.Issue();
+    const T* v = static_cast<const T*>(vrows[j]) + col;
+    VF vv[C];
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) vv[c] = LoadWide(v + c * kLanes);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const VF pb = hn::Set(df, p[r * kDecodeStride + j]);
+      for (int c = 0; c < C; ++c) acc[r][c] = hn::MulAdd(pb, vv[c], acc[r][c]);
+    }
+  }
+  pq = lq;
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      float* oc = o + r * dvp + col + c * kLanes;
+      hn::Store(hn::Add(hn::Load(df, oc), acc[r][c]), df, oc);
+    }
+}
+
+template <class T, int C>
+void DecodePvRows(int R, const void* const* vrows, int64_t a, int64_t e, const float* p, int64_t col, float* o,
+                  int64_t dvp, LineQueue& pq) {
+  switch (R) {
+    case 1: return DecodePv<T, 1, C>(vrows, a, e, p, col, o, dvp, pq);
+    case 2: return DecodePv<T, 2, C>(vrows, a, e, p, col, o, dvp, pq);
+    case 3: return DecodePv<T, 3, C>(vrows, a, e, p, col, o, dvp, pq);
+    default: return DecodePv<T, 4, C>(vrows, a, e, p, col, o, dvp, pq);
+  }
+}
+
+// Rows [r0, r0 + R) += P V over keys [a, e) of the block, every column of Dv.
+template <class T>
+void DecodePvRange(const Geometry& g, int R, int64_t r0, int64_t a, int64_t e, const Scratch& w,
+                   LineQueue& pq) {
+  if (a >= e) return;
+  const int64_t full = g.Dv / kLanes * kLanes;
+  const float* p = w.st + r0 * kDecodeStride;
+  float* o = w.o + r0 * g.Dvp;
+  int64_t col = 0;
+  for (; col + kDecodeColVecs * kLanes <= full; col += kDecodeColVecs * kLanes)
+    DecodePvRows<T, kDecodeColVecs>(R, w.vrows, a, e, p, col, o, g.Dvp, pq);
+  for (; col < full; col += kLanes) DecodePvRows<T, 1>(R, w.vrows, a, e, p, col, o, g.Dvp, pq);
+  for (; col < g.Dv; ++col)
+    for (int64_t r = 0; r < R; ++r) {
+      float part = 0.f;
+      for (int64_t j = a; j < e; ++j) part += p[r * kDecodeStride + j] * load_as_f32(w.vrows[j], col, kDTypeOf<T>);
+      o[r * g.Dvp + col] += part;
+    }
+}
+
+// One decode task: keys [kb, ke) of sequence b (its split's whole key range) for ALL kv heads,
+// in softmax blocks of kDecodeKeys positions from kb, head by head within a block. State per
+// head (ws[hk]) follows RunTileBlocks' rules: a hidden key's score is -inf by select, and P V
+// gives each row only the keys it sees, so a NaN in a hidden V row never reaches it.
+template <class T>
+void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpan& seq, int64_t rows, int64_t kb,
+                 int64_t ke, const Scratch* ws) {
+  const T* kbase = static_cast<const T*>(p.k);
+  const T* vbase = static_cast<const T*>(p.v);
+  const bool capped = p.softcap > 0.f;
+  const Scratch& w0 = ws[0];
+  // Head 0's rows at the block's positions and the next block's (the row lookup, paged or not,
+  // once per position); head hk's are hk head strides further.
+  const T *kpos[kDecodeStride], *vpos[kDecodeKeys], *knext[kDecodeKeys], *vnext[kDecodeKeys];
+  const T* krows[kDecodeStride];
+  const char* ahead[2 * kDecodeKeys];
+  const int64_t row_bytes = std::max(g.D, g.Dv) * int64_t(sizeof(T));
+  const bool whole_positions = g.D == g.Dv && p.k_head_stride == g.D && p.v_head_stride == g.Dv;
+  // Inner steps of one head's block (a full block): the score loop's vector steps per key group
+  // and P V's keys per column chunk, per chunk of rows.
+  const int64_t chunks = (rows + kDecodeRowChunk - 1) / kDecodeRowChunk;
+  const int64_t steps = std::max<int64_t>(
+      1, chunks * ((kDecodeKeys / kStepKeys) * (g.D / kLanes) +
+                   kDecodeKeys * (g.Dv / (kDecodeColVecs * kLanes) + g.Dv % (kDecodeColVecs * kLanes) / kLanes)));
+  for (int64_t j0 = kb; j0 < ke; j0 += kDecodeKeys) {
+    const int64_t nk = std::min(kDecodeKeys, ke - j0);
+    bool any_visible = false;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t lo = std::clamp<int64_t>(w0.row_lo[r] - j0, 0, nk);
+      const int64_t hi = std::clamp<int64_t>(w0.row_hi[r] - j0, lo, nk);
+      w0.lo[r] = static_cast<float>(lo);
+      w0.hi[r] = static_cast<float>(hi);
+      any_visible |= lo < hi;
+    }
+    // Rows that see none of the block keep their state exactly (alpha 1, p 0).
+    if (!any_visible) continue;
+    // Lanes past the block's last key score a copy of it, then the softmax masks them.
+    for (int64_t i = 0; i < kDecodeStride; ++i) kpos[i] = kbase + k_offset(p, b, seq, j0 + std::min(i, nk - 1), 0);
+    for (int64_t i = 0; i < nk; ++i) vpos[i] = vbase + v_offset(p, b, seq, j0 + i, 0);
+    const int64_t nn = std::clamp<int64_t>(ke - j0 - kDecodeKeys, 0, kDecodeKeys);
+    for (int64_t i = 0; i < nn; ++i) {
+      knext[i] = kbase + k_offset(p, b, seq, j0 + kDecodeKeys + i, 0);
+      vnext[i] = vbase + v_offset(p, b, seq, j0 + kDecodeKeys + i, 0);
+    }
+    // When a position's heads lie side by side (head stride = row length, as in [S][Hkv][D]
+    // caches and their pages), one queue walks the whole next block in address order, K then V
+    // of each position (Hkv x D elements each), paced over all heads' inner steps of this block:
+    // DRAM then sees two ascending streams, as a plain read does, instead of each head's rows
+    // 2 KiB apart revisited Hkv times. Dev VM, 2 threads, f16 B = 8 (1 GiB), paired against the
+    // plain read, 10 alternations: 73.7% -> 80.3% (median of per-round ratios 1.09); bf16 B = 4:
+    // 81.8% -> 90.5% (1.13); one thread unchanged (0.99). Two blocks ahead measured 0.95x of one.
+    // Otherwise each head queues its own rows of the next block.
+    // next_block_queue: the next block's rows from head offsets koff / voff, `bytes` each,
+    // spread over `over_steps` inner steps.
+    auto next_block_queue = [&](int64_t koff, int64_t voff, int64_t bytes, int64_t over_steps) {
+      for (int64_t i = 0; i < nn; ++i) {
+        ahead[2 * i] = reinterpret_cast<const char*>(knext[i] + koff);
+        ahead[2 * i + 1] = reinterpret_cast<const char*>(vnext[i] + voff);
+      }
+      return LineQueue{ahead, 2 * nn, bytes, (2 * nn * ((bytes + 63) / 64) + over_steps - 1) / over_steps};
+    };
+    LineQueue block_queue{};
+    if (whole_positions) block_queue = next_block_queue(0, 0, g.heads_kv * row_bytes, steps * g.heads_kv);
+    for (int64_t hk = 0; hk < g.heads_kv; ++hk) {
+      const Scratch& w = ws[hk];
+      const int64_t koff = hk * p.k_head_stride, voff = hk * p.v_head_stride;
+      LineQueue head_queue{};
+      if (!whole_positions) head_queue = next_block_queue(koff, voff, row_bytes, steps);
+      LineQueue& pq = whole_positions ? block_queue : head_queue;
+      for (int64_t i = 0; i < kDecodeStride; ++i) krows[i] = kpos[i] + koff;
+      for (int64_t i = 0; i < nk; ++i) w.vrows[i] = vpos[i] + voff;
+      for (int64_t i = 0; i < nk; i += kGroupKeys)
+        for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
+          const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
+          DecodeScoreRows<T>(R, krows + i, w.qt + r0 * g.D, g.D, w.st + r0 * kDecodeStride + i, pq);
+        }
+      if (capped) DecodeSoftmax<true>(rows, p.scale, p.softcap, w, w0.lo, w0.hi);
+      else DecodeSoftmax<false>(rows, p.scale, p.softcap, w, w0.lo, w0.hi);
+      const DF df;
+      for (int64_t r = 0; r < rows; ++r) {
+        if (w.alpha[r] == 1.f) continue;
+        const VF a = hn::Set(df, w.alpha[r]);
+        float* o = w.o + r * g.Dvp;
+        for (int64_t c = 0; c < g.Dvp; c += kLanes) hn::Store(hn::Mul(hn::Load(df, o + c), a), df, o + c);
+      }
+      // Keys every row of a chunk sees go through the chunk's register tile; the rest row by row.
+      for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
+        const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
+        int64_t a = 0, e = nk;
+        bool fast = true;
+        for (int64_t r = r0; r < r0 + R; ++r) {
+          const int64_t lo = static_cast<int64_t>(w0.lo[r]), hi = static_cast<int64_t>(w0.hi[r]);
+          fast &= lo < hi;
+          a = std::max(a, lo);
+          e = std::min(e, hi);
+        }
+        fast &= a < e;
+        if (fast) DecodePvRange<T>(g, R, r0, a, e, w, pq);
+        for (int64_t r = r0; r < r0 + R; ++r) {
+          const int64_t lo = static_cast<int64_t>(w0.lo[r]), hi = static_cast<int64_t>(w0.hi[r]);
+          if (!fast) {
+            DecodePvRange<T>(g, 1, r, lo, hi, w, pq);
+            continue;
+          }
+          DecodePvRange<T>(g, 1, r, lo, a, w, pq);
+          DecodePvRange<T>(g, 1, r, e, hi, w, pq);
+        }
+      }
+    }
+  }
+}
+
+// One decode task (decode mode): split `split` of sequence b for all kv heads, leaving the
+// outputs, or the partials of tiles tile0 + hk (layout as in tile mode: [tile][split]).
+void DecodeTask(const AttnParams& p, const Geometry& g, int64_t b, int64_t split, unsigned char* base,
+                float* partials, int64_t tile0) {
+  Scratch* ws = reinterpret_cast<Scratch*>(base + g.off[kViews]);
+  int64_t u0 = 0, u1 = 0, nb = 0;
+  for (int64_t hk = 0; hk < g.heads_kv; ++hk) {
+    ws[hk] = CarveScratch(g, base, hk);
+    const Tile t = MakeTile(p, g, b, hk, 0);
+    PrepareTile(p, g, t, ws[hk], true, &u0, &u1, &nb);
+    for (int64_t r = 0; r < t.mp; ++r) {
+      ws[hk].m[r] = softmax::neg_inf();
+      ws[hk].l[r] = 0.f;
+    }
+    std::fill(ws[hk].o, ws[hk].o + t.mp * g.Dvp, 0.f);
+  }
+  const Tile t0 = MakeTile(p, g, b, 0, 0);
+  // The visible keys [u0, u1) are cut into splits of whole softmax blocks, as even as blocks
+  // allow: a split's time is its share of the keys and the call waits for the longest (block_kv's
+  // 1008-key units, which only the packed path uses, had cut one 4096-key sequence 1072 / 3024).
+  const int64_t blocks = u1 > u0 ? (u1 - u0 + kDecodeKeys - 1) / kDecodeKeys : 0;
+  const int64_t kb = u0 + split * blocks / g.splits * kDecodeKeys;
+  const int64_t ke = std::min(u1, u0 + (split + 1) * blocks / g.splits * kDecodeKeys);
+  if (blocks > 0 && kb < ke) {
+    switch (p.kv_dtype) {
+      case DType::f16: DecodeRange<hwy::float16_t>(p, g, b, t0.seq, t0.rows, kb, ke, ws); break;
+      case DType::bf16: DecodeRange<hwy::bfloat16_t>(p, g, b, t0.seq, t0.rows, kb, ke, ws); break;
+      default: DecodeRange<float>(p, g, b, t0.seq, t0.rows, kb, ke, ws); break;
+    }
+  }
+  for (int64_t hk = 0; hk < g.heads_kv; ++hk) {
+    const Scratch& w = ws[hk];
+    const Tile t = MakeTile(p, g, b, hk, 0);
+    if (!partials) {
+      for (int64_t r = 0; r < t.rows; ++r) WriteRow(p, g, t, r, w.o + r * g.Dvp, w.m[r], w.l[r]);
+      continue;
+    }
+    float* part = partials + ((tile0 + hk) * g.splits + split) * g.partial_floats;
+    std::memcpy(part, w.o, size_t(t.rows * g.Dvp) * sizeof(float));
+    std::memcpy(part + g.rows_max * g.Dvp, w.m, size_t(t.rows) * sizeof(float));
+    std::memcpy(part + g.rows_max * g.Dvp + g.rows_max, w.l, size_t(t.rows) * sizeof(float));
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace ioattn::cpu
+HWY_AFTER_NAMESPACE();
+
+#endif  // IOATTN_CPU_DECODE_INL_H_
