@@ -262,16 +262,8 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
                    kDecodeKeys * (g.Dv / (kDecodeColVecs * kLanes) + g.Dv % (kDecodeColVecs * kLanes) / kLanes)));
   for (int64_t j0 = kb; j0 < ke; j0 += kDecodeKeys) {
     const int64_t nk = std::min(kDecodeKeys, ke - j0);
-    bool any_visible = false;
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t lo = std::clamp<int64_t>(w0.row_lo[r] - j0, 0, nk);
-      const int64_t hi = std::clamp<int64_t>(w0.row_hi[r] - j0, lo, nk);
-      w0.lo[r] = static_cast<float>(lo);
-      w0.hi[r] = static_cast<float>(hi);
-      any_visible |= lo < hi;
-    }
     // Rows that see none of the block keep their state exactly (alpha 1, p 0).
-    if (!any_visible) continue;
+    if (!ClampRowRanges(w0, rows, j0, nk)) continue;
     // Lanes past the block's last key score a copy of it, then the softmax masks them.
     for (int64_t i = 0; i < kDecodeStride; ++i) kpos[i] = kbase + k_offset(p, b, seq, j0 + std::min(i, nk - 1), 0);
     for (int64_t i = 0; i < nk; ++i) vpos[i] = vbase + v_offset(p, b, seq, j0 + i, 0);
@@ -314,35 +306,14 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
         }
       if (capped) DecodeSoftmax<true>(rows, p.scale, p.softcap, w, w0.lo, w0.hi);
       else DecodeSoftmax<false>(rows, p.scale, p.softcap, w, w0.lo, w0.hi);
-      const DF df;
-      for (int64_t r = 0; r < rows; ++r) {
-        if (w.alpha[r] == 1.f) continue;
-        const VF a = hn::Set(df, w.alpha[r]);
-        float* o = w.o + r * g.Dvp;
-        for (int64_t c = 0; c < g.Dvp; c += kLanes) hn::Store(hn::Mul(hn::Load(df, o + c), a), df, o + c);
-      }
+      RescaleRows(w, 0, rows, g.Dvp);
       // Keys every row of a chunk sees go through the chunk's register tile; the rest row by row.
       for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
         const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
-        int64_t a = 0, e = nk;
-        bool fast = true;
-        for (int64_t r = r0; r < r0 + R; ++r) {
-          const int64_t lo = static_cast<int64_t>(w0.lo[r]), hi = static_cast<int64_t>(w0.hi[r]);
-          fast &= lo < hi;
-          a = std::max(a, lo);
-          e = std::min(e, hi);
-        }
-        fast &= a < e;
-        if (fast) DecodePvRange<T>(g, R, r0, a, e, w, pq);
-        for (int64_t r = r0; r < r0 + R; ++r) {
-          const int64_t lo = static_cast<int64_t>(w0.lo[r]), hi = static_cast<int64_t>(w0.hi[r]);
-          if (!fast) {
-            DecodePvRange<T>(g, 1, r, lo, hi, w, pq);
-            continue;
-          }
-          DecodePvRange<T>(g, 1, r, lo, a, w, pq);
-          DecodePvRange<T>(g, 1, r, e, hi, w, pq);
-        }
+        const SharedKeys k = IntersectRowRanges(w0.lo, w0.hi, r0, r0 + R, nk);
+        if (k.fast) DecodePvRange<T>(g, R, r0, k.a, k.e, w, pq);
+        ForRowRemainders(w0.lo, w0.hi, r0, r0 + R, k,
+                         [&](int64_t r, int64_t a, int64_t e) { DecodePvRange<T>(g, 1, r, a, e, w, pq); });
       }
     }
   }
@@ -358,11 +329,7 @@ void DecodeTask(const AttnParams& p, const Geometry& g, int64_t b, int64_t split
     ws[hk] = CarveScratch(g, base, hk);
     const Tile t = MakeTile(p, g, b, hk, 0);
     PrepareTile(p, g, t, ws[hk], true, &u0, &u1, &nb);
-    for (int64_t r = 0; r < t.mp; ++r) {
-      ws[hk].m[r] = softmax::neg_inf();
-      ws[hk].l[r] = 0.f;
-    }
-    std::fill(ws[hk].o, ws[hk].o + t.mp * g.Dvp, 0.f);
+    ResetState(ws[hk], t.mp, g.Dvp);
   }
   const Tile t0 = MakeTile(p, g, b, 0, 0);
   // The visible keys [u0, u1) are cut into splits of whole softmax blocks, as even as blocks
@@ -380,15 +347,8 @@ void DecodeTask(const AttnParams& p, const Geometry& g, int64_t b, int64_t split
   }
   for (int64_t hk = 0; hk < g.heads_kv; ++hk) {
     const Scratch& w = ws[hk];
-    const Tile t = MakeTile(p, g, b, hk, 0);
-    if (!partials) {
-      for (int64_t r = 0; r < t.rows; ++r) WriteRow(p, g, t, r, w.o + r * g.Dvp, w.m[r], w.l[r]);
-      continue;
-    }
-    float* part = partials + ((tile0 + hk) * g.splits + split) * g.partial_floats;
-    std::memcpy(part, w.o, size_t(t.rows * g.Dvp) * sizeof(float));
-    std::memcpy(part + g.rows_max * g.Dvp, w.m, size_t(t.rows) * sizeof(float));
-    std::memcpy(part + g.rows_max * g.Dvp + g.rows_max, w.l, size_t(t.rows) * sizeof(float));
+    FinishTile(p, g, MakeTile(p, g, b, hk, 0), w,
+               partials ? partials + ((tile0 + hk) * g.splits + split) * g.partial_floats : nullptr);
   }
 }
 

@@ -24,63 +24,40 @@ namespace HWY_NAMESPACE {
 // twice, were 2% of the kernel at D = 128 non-causal).
 void AccumulatePv(const Geometry& g, const Panel& pn, int64_t nk, bool masked, const Scratch& w) {
   const int64_t vecs_total = g.Dvp / kLanes;
-  auto row_range = [&](int64_t r0, int64_t r1, int64_t a, int64_t e) {
+  auto row_pv = [&](int64_t r, int64_t a, int64_t e) {
     if (a >= e) return;
-    for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t v = 0; v < vecs_total; v += kRowVecs) {
-        const int64_t c = std::min<int64_t>(kRowVecs, vecs_total - v);
-        kRowPv[size_t(c - 1)](w.st + (r - pn.row0), pn.mp, w.vpack, w.vstride, a, e, v,
-                              w.o + r * g.Dvp + v * kLanes);
-      }
+    for (int64_t v = 0; v < vecs_total; v += kRowVecs) {
+      const int64_t c = std::min<int64_t>(kRowVecs, vecs_total - v);
+      kRowPv[size_t(c - 1)](w.st + (r - pn.row0), pn.mp, w.vpack, w.vstride, a, e, v, w.o + r * g.Dvp + v * kLanes);
     }
   };
   // Keys every row of a group sees go through the register tile; the rest row by row. Column
   // chunks outermost: one chunk of the V panel (block_kv x 64 bytes) stays in L1 while every
   // group of the panel's P^T (also L1) passes over it.
   constexpr int64_t kGroups = kPanelRows / kPvTile.rows;
-  int64_t a[kGroups], e[kGroups];
-  bool fast[kGroups];
+  SharedKeys shared[kGroups];
   for (int64_t gi = 0; gi * kPvTile.rows < pn.rows; ++gi) {
     const int64_t r0 = pn.row0 + gi * kPvTile.rows, nr = std::min<int64_t>(kPvTile.rows, pn.row0 + pn.rows - r0);
-    a[gi] = 0;
-    e[gi] = nk;
-    fast[gi] = true;
-    if (!masked) continue;
-    e[gi] = std::numeric_limits<int64_t>::max();
-    bool any_empty = false;
-    for (int64_t r = r0; r < r0 + nr; ++r) {
-      const int64_t lo = static_cast<int64_t>(w.lo[r]), hi = static_cast<int64_t>(w.hi[r]);
-      any_empty |= lo >= hi;
-      a[gi] = std::max(a[gi], lo);
-      e[gi] = std::min(e[gi], hi);
-    }
-    fast[gi] = !any_empty && a[gi] < e[gi];
+    shared[gi] = masked ? IntersectRowRanges(w.lo, w.hi, r0, r0 + nr, nk) : SharedKeys{0, nk, true};
   }
   for (int64_t v = 0; v < vecs_total; v += kPvTile.vecs) {
     const int64_t nc = std::min<int64_t>(kPvTile.vecs, vecs_total - v);
     const float* panel = w.vpack + (v / kPvTile.vecs) * w.vstride;
     for (int64_t gi = 0; gi * kPvTile.rows < pn.rows; ++gi) {
-      if (!fast[gi]) continue;
+      const SharedKeys& k = shared[gi];
+      if (!k.fast) continue;
       const int64_t r0 = pn.row0 + gi * kPvTile.rows, nr = std::min<int64_t>(kPvTile.rows, pn.row0 + pn.rows - r0);
       // The next call's O: the next group's rows, or the panel's first rows in the next columns.
       const bool last_group = r0 + nr >= pn.row0 + pn.rows;
       const float* o_next = w.o + (last_group ? pn.row0 * g.Dvp + (v + kPvTile.vecs) * kLanes
                                               : (r0 + nr) * g.Dvp + v * kLanes);
-      kPv[size_t(nc - 1)][size_t(nr - 1)](w.st + a[gi] * pn.mp + (r0 - pn.row0), pn.mp, panel + a[gi] * kPanelCols,
-                                          e[gi] - a[gi], w.o + r0 * g.Dvp + v * kLanes, g.Dvp, o_next);
+      kPv[size_t(nc - 1)][size_t(nr - 1)](w.st + k.a * pn.mp + (r0 - pn.row0), pn.mp, panel + k.a * kPanelCols,
+                                          k.e - k.a, w.o + r0 * g.Dvp + v * kLanes, g.Dvp, o_next);
     }
   }
   for (int64_t gi = 0; masked && gi * kPvTile.rows < pn.rows; ++gi) {
     const int64_t r0 = pn.row0 + gi * kPvTile.rows, nr = std::min<int64_t>(kPvTile.rows, pn.row0 + pn.rows - r0);
-    for (int64_t r = r0; r < r0 + nr; ++r) {
-      const int64_t lo = static_cast<int64_t>(w.lo[r]), hi = static_cast<int64_t>(w.hi[r]);
-      if (!fast[gi]) {
-        row_range(r, r + 1, lo, hi);
-        continue;
-      }
-      row_range(r, r + 1, lo, a[gi]);
-      row_range(r, r + 1, e[gi], hi);
-    }
+    ForRowRemainders(w.lo, w.hi, r0, r0 + nr, shared[gi], row_pv);
   }
 }
 
@@ -127,7 +104,6 @@ void PackRows(const AttnParams& p, const Geometry& g, const Tile& t, int64_t j0,
 // of a slice's ~250 line requests found the miss buffers full and were dropped.
 void RunPanel(const AttnParams& p, const Geometry& g, const Tile& t, const Panel& pn, int64_t nk, bool masked,
               int64_t pf0, int64_t pf_count, const Scratch& w) {
-  const DF df;
   const int64_t vec0 = pn.row0 / kLanes, nvec = pn.mp / kLanes;
   // A masked panel scores and exponentiates only keys [kb, ke), those some row of it sees: on a
   // causal diagonal the block runs on up to block_kv - 1 keys past the panel's last row, which
@@ -170,12 +146,7 @@ void RunPanel(const AttnParams& p, const Geometry& g, const Tile& t, const Panel
     if (capped) SoftmaxBlock<false, true, false>(pn, kb, ke, p.softcap, w);
     else SoftmaxBlock<false, false, true>(pn, kb, ke, p.softcap, w);
   }
-  for (int64_t r = pn.row0; r < pn.row0 + pn.rows; ++r) {
-    if (w.alpha[r] == 1.f) continue;
-    const VF a = hn::Set(df, w.alpha[r]);
-    float* o = w.o + r * g.Dvp;
-    for (int64_t c = 0; c < g.Dvp; c += kLanes) hn::Store(hn::Mul(hn::Load(df, o + c), a), df, o + c);
-  }
+  RescaleRows(w, pn.row0, pn.row0 + pn.rows, g.Dvp);
   AccumulatePv(g, pn, nk, masked, w);
 }
 
@@ -186,11 +157,7 @@ void RunPanel(const AttnParams& p, const Geometry& g, const Tile& t, const Panel
 // while this one computes.
 void RunTileBlocks(const AttnParams& p, const Geometry& g, const Tile& t, int64_t u0, int64_t u1, int64_t nb,
                    int64_t blk_begin, int64_t blk_end, const Scratch& w) {
-  for (int64_t r = 0; r < t.mp; ++r) {
-    w.m[r] = softmax::neg_inf();
-    w.l[r] = 0.f;
-  }
-  std::fill(w.o, w.o + t.mp * g.Dvp, 0.f);
+  ResetState(w, t.mp, g.Dvp);
   if (blk_begin >= blk_end) return;
   auto block_start = [&](int64_t k) { return std::max(u0, u1 - (nb - k) * g.block_kv); };
   auto block_end = [&](int64_t k) { return u1 - (nb - 1 - k) * g.block_kv; };
@@ -223,12 +190,7 @@ void RunTileBlocks(const AttnParams& p, const Geometry& g, const Tile& t, int64_
       *lo = std::min(nnk, i * slice);
       *hi = std::min(nnk, (i + 1) * slice);
     };
-    for (int64_t r = 0; r < t.mp; ++r) {
-      const int64_t lo = std::clamp<int64_t>(w.row_lo[r] - j0, 0, nk);
-      const int64_t hi = std::clamp<int64_t>(w.row_hi[r] - j0, lo, nk);
-      w.lo[r] = static_cast<float>(lo);
-      w.hi[r] = static_cast<float>(hi);
-    }
+    ClampRowRanges(w, t.mp, j0, nk);
     for (int64_t i = 0; i < panels; ++i) {
       int64_t lo, hi;
       slice_range(i, &lo, &hi);
@@ -263,13 +225,17 @@ void RunTile(const AttnParams& p, const Geometry& g, const Tile& t, int64_t spli
   int64_t u0, u1, nb;
   PrepareTile(p, g, t, w, false, &u0, &u1, &nb);
   RunTileBlocks(p, g, t, u0, u1, nb, split * nb / g.splits, (split + 1) * nb / g.splits, w);
-  if (!part) {
-    for (int64_t r = 0; r < t.rows; ++r) WriteRow(p, g, t, r, w.o + r * g.Dvp, w.m[r], w.l[r]);
-    return;
-  }
-  std::memcpy(part, w.o, size_t(t.rows * g.Dvp) * sizeof(float));
-  std::memcpy(part + g.rows_max * g.Dvp, w.m, size_t(t.rows) * sizeof(float));
-  std::memcpy(part + g.rows_max * g.Dvp + g.rows_max, w.l, size_t(t.rows) * sizeof(float));
+  FinishTile(p, g, t, w, part);
+}
+
+// Head mode: one (sequence b, kv head hk) whose keys are packed once into w.head_k / w.head_v,
+// then every query tile of it against that copy.
+void RunHead(const AttnParams& p, const Geometry& g, int64_t b, int64_t hk, const Scratch& w) {
+  const Tile head = MakeTile(p, g, b, hk, 0);
+  PrefetchRows(p, g, head, 0, std::min(kPrefetchRows, head.seq.seqlen_k));
+  PackRows(p, g, head, 0, 0, head.seq.seqlen_k, w.head_k, w.head_v, g.head_keys * kPanelCols, w);
+  const int64_t nq = QueryBlocks(g, head.seq);
+  for (int64_t q = 0; q < nq; ++q) RunTile(p, g, MakeTile(p, g, b, hk, q), 0, w, nullptr);
 }
 
 }  // namespace HWY_NAMESPACE

@@ -81,17 +81,80 @@ CallShape DecideShape(const AttnParams& p, const Plan& plan) {
   return c;
 }
 
+// What every task of one call reads: the request, its geometry, the tile order, and the scratch
+// (one block per worker, then the split partials, [tile][split]).
+struct Call {
+  const AttnParams& p;
+  const Geometry& g;
+  TileIndex index;
+  unsigned char* scratch;
+  float* partials;  // null without key splits
+
+  unsigned char* WorkerBase(int worker) const { return scratch + size_t(worker) * g.worker_bytes; }
+};
+
+// Head mode's task-th head in (sequence, kv head) order; sequences without query rows have none.
+void RunHeadTask(const Call& c, int64_t task, int worker) {
+  int64_t b = 0, seen = 0;
+  for (;; ++b) {
+    if (QueryBlocks(c.g, sequence(c.p, b)) == 0) continue;
+    if (task < seen + c.p.heads_kv) break;
+    seen += c.p.heads_kv;
+  }
+  RunHead(c.p, c.g, b, task - seen, CarveScratch(c.g, c.WorkerBase(worker)));
+}
+
+// Decode mode's task: split `split` of sequence b over all kv heads.
+void RunDecodeTask(const Call& c, int64_t task, int worker) {
+  const int64_t b = task / c.g.splits, split = task % c.g.splits;
+  if (QueryBlocks(c.g, sequence(c.p, b)) == 0) return;
+  DecodeTask(c.p, c.g, b, split, c.WorkerBase(worker), c.partials, c.index.tiles_before[b]);
+}
+
+// Tile mode's task: one split of one tile.
+void RunTileTask(const Call& c, int64_t task, int worker) {
+  const int64_t tile_index = task / c.g.splits, split = task % c.g.splits;
+  RunTile(c.p, c.g, c.index.Get(tile_index), split, CarveScratch(c.g, c.WorkerBase(worker)),
+          c.partials ? c.partials + task * c.g.partial_floats : nullptr);
+}
+
+// Merges the splits of one tile in split order (fixed, so the result is the same for any thread
+// count) with the header's merge rule, then writes the rows.
+void MergeTile(const Call& c, int64_t tile_index, int worker) {
+  const DF df;
+  const Geometry& g = c.g;
+  const Scratch w = CarveScratch(g, c.WorkerBase(worker));
+  const Tile t = c.index.Get(tile_index);
+  const float* first = c.partials + tile_index * g.splits * g.partial_floats;
+  for (int64_t r = 0; r < t.rows; ++r) {
+    float* o = w.o + r * g.Dvp;
+    std::memcpy(o, first + r * g.Dvp, size_t(g.Dvp) * sizeof(float));
+    float m = first[g.rows_max * g.Dvp + r], l = first[g.rows_max * g.Dvp + g.rows_max + r];
+    for (int64_t s = 1; s < g.splits; ++s) {
+      const float* part = first + s * g.partial_floats;
+      const float m_b = part[g.rows_max * g.Dvp + r], l_b = part[g.rows_max * g.Dvp + g.rows_max + r];
+      const softmax::MergeWeights mw = softmax::merge(m, l, m_b, l_b, [](float x) { return std::exp2(x); });
+      const VF wa = hn::Set(df, mw.weight_a), wb = hn::Set(df, mw.weight_b);
+      const float* ob = part + r * g.Dvp;
+      for (int64_t col = 0; col < g.Dvp; col += kLanes)
+        hn::Store(hn::MulAdd(hn::Load(df, ob + col), wb, hn::Mul(hn::Load(df, o + col), wa)), df, o + col);
+      m = mw.m;
+      l = mw.l;
+    }
+    WriteRow(c.p, g, t, r, o, m, l);
+  }
+}
+
 Status FlashForward(const AttnParams& p, const Plan& plan) {
   if (p.batch == 0 || p.heads_q == 0) return Status::ok();
   const CallShape shape = DecideShape(p, plan);
   const Geometry& g = shape.g;
   if (shape.n_tiles == 0) return Status::ok();
-  const int64_t n_tiles = shape.n_tiles, n_tasks = shape.n_tasks;
   const int workers = shape.workers;
   ScratchPtr<int64_t> tiles_before = scratch_array<int64_t>(size_t(p.batch) + 1);
   ScratchPtr<unsigned char> scratch = scratch_array<unsigned char>(g.worker_bytes * size_t(workers));
   ScratchPtr<float> partials;
-  const size_t partial_floats = size_t(n_tiles * g.splits) * size_t(g.partial_floats);
+  const size_t partial_floats = size_t(shape.n_tiles * g.splits) * size_t(g.partial_floats);
   if (g.splits > 1) partials = scratch_array<float>(partial_floats);
   if (!tiles_before || !scratch || (g.splits > 1 && !partials)) {
     return Status::out_of_memory("CPU forward: could not allocate " +
@@ -102,67 +165,11 @@ Status FlashForward(const AttnParams& p, const Plan& plan) {
   }
   tiles_before[0] = 0;
   for (int64_t b = 0; b < p.batch; ++b) tiles_before[b + 1] = tiles_before[b] + QueryBlocks(g, sequence(p, b)) * p.heads_kv;
-  if (g.head_mode) {
-    // Tasks are whole heads, in (sequence, kv head) order; sequences without query rows have none.
-    parallel_for(n_tasks, workers, [&](int64_t task, int worker) {
-      const Scratch w = CarveScratch(g, scratch.get() + size_t(worker) * g.worker_bytes);
-      int64_t b = 0, seen = 0;
-      for (;; ++b) {
-        if (QueryBlocks(g, sequence(p, b)) == 0) continue;
-        if (task < seen + p.heads_kv) break;
-        seen += p.heads_kv;
-      }
-      const int64_t hk = task - seen;
-      const Tile head = MakeTile(p, g, b, hk, 0);
-      PrefetchRows(p, g, head, 0, std::min(kPrefetchRows, head.seq.seqlen_k));
-      PackRows(p, g, head, 0, 0, head.seq.seqlen_k, w.head_k, w.head_v, g.head_keys * kPanelCols, w);
-      const int64_t nq = QueryBlocks(g, head.seq);
-      for (int64_t q = 0; q < nq; ++q) RunTile(p, g, MakeTile(p, g, b, hk, q), 0, w, nullptr);
-    });
-    return Status::ok();
-  }
-  const TileIndex index{&p, &g, tiles_before.get()};
-  if (g.decode) {
-    parallel_for(n_tasks, workers, [&](int64_t task, int worker) {
-      const int64_t b = task / g.splits, split = task % g.splits;
-      if (QueryBlocks(g, sequence(p, b)) == 0) return;
-      DecodeTask(p, g, b, split, scratch.get() + size_t(worker) * g.worker_bytes, g.splits > 1 ? partials.get() : nullptr,
-                 tiles_before[b]);
-    });
-  } else {
-    parallel_for(n_tasks, workers, [&](int64_t task, int worker) {
-    const Scratch w = CarveScratch(g, scratch.get() + size_t(worker) * g.worker_bytes);
-    const int64_t tile_index = task / g.splits, split = task % g.splits;
-    RunTile(p, g, index.Get(tile_index), split, w, g.splits > 1 ? partials.get() + task * g.partial_floats : nullptr);
-    });
-  }
+  const Call call{p, g, TileIndex{&p, &g, tiles_before.get()}, scratch.get(), partials.get()};
+  const auto task = g.head_mode ? &RunHeadTask : g.decode ? &RunDecodeTask : &RunTileTask;
+  parallel_for(shape.n_tasks, workers, [&](int64_t i, int worker) { task(call, i, worker); });
   if (g.splits == 1) return Status::ok();
-
-  // Merge the splits of each tile in split order (fixed, so the result is the same for any
-  // thread count), with the header's merge rule.
-  parallel_for(n_tiles, workers, [&](int64_t tile_index, int worker) {
-    const DF df;
-    const Scratch w = CarveScratch(g, scratch.get() + size_t(worker) * g.worker_bytes);
-    const Tile t = index.Get(tile_index);
-    const float* first = partials.get() + tile_index * g.splits * g.partial_floats;
-    for (int64_t r = 0; r < t.rows; ++r) {
-      float* o = w.o + r * g.Dvp;
-      std::memcpy(o, first + r * g.Dvp, size_t(g.Dvp) * sizeof(float));
-      float m = first[g.rows_max * g.Dvp + r], l = first[g.rows_max * g.Dvp + g.rows_max + r];
-      for (int64_t s = 1; s < g.splits; ++s) {
-        const float* part = first + s * g.partial_floats;
-        const float m_b = part[g.rows_max * g.Dvp + r], l_b = part[g.rows_max * g.Dvp + g.rows_max + r];
-        const softmax::MergeWeights mw = softmax::merge(m, l, m_b, l_b, [](float x) { return std::exp2(x); });
-        const VF wa = hn::Set(df, mw.weight_a), wb = hn::Set(df, mw.weight_b);
-        const float* ob = part + r * g.Dvp;
-        for (int64_t c = 0; c < g.Dvp; c += kLanes)
-          hn::Store(hn::MulAdd(hn::Load(df, ob + c), wb, hn::Mul(hn::Load(df, o + c), wa)), df, o + c);
-        m = mw.m;
-        l = mw.l;
-      }
-      WriteRow(p, g, t, r, o, m, l);
-    }
-  });
+  parallel_for(shape.n_tiles, workers, [&](int64_t i, int worker) { MergeTile(call, i, worker); });
   return Status::ok();
 }
 

@@ -9,6 +9,7 @@
 #endif
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "common/online_softmax.h"
@@ -219,6 +220,77 @@ void WriteRow(const AttnParams& p, const Geometry& g, const Tile& t, int64_t r, 
   }
   for (; c < g.Dv; ++c) store_from_f32(p.out, oo + c, p.io_dtype, o[c] * inv);
   if (p.lse) p.lse[lse_offset(p, t.b, t.seq, pos, h)] = softmax::row_lse(m, l, softmax::Domain::log2);
+}
+
+// A tile's running state before its first block: m = -inf, l = 0, O = 0 for its mp rows.
+void ResetState(const Scratch& w, int64_t mp, int64_t dvp) {
+  for (int64_t r = 0; r < mp; ++r) {
+    w.m[r] = softmax::neg_inf();
+    w.l[r] = 0.f;
+  }
+  std::fill(w.o, w.o + mp * dvp, 0.f);
+}
+
+// Each row's visible keys [row_lo, row_hi) as offsets into the block of nk keys from j0, into
+// w.lo / w.hi (floats: the softmax compares them with key indices in vector lanes); true when any
+// of the rows sees a key of the block.
+bool ClampRowRanges(const Scratch& w, int64_t rows, int64_t j0, int64_t nk) {
+  bool any_visible = false;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t lo = std::clamp<int64_t>(w.row_lo[r] - j0, 0, nk);
+    const int64_t hi = std::clamp<int64_t>(w.row_hi[r] - j0, lo, nk);
+    w.lo[r] = static_cast<float>(lo);
+    w.hi[r] = static_cast<float>(hi);
+    any_visible |= lo < hi;
+  }
+  return any_visible;
+}
+
+// Keys [a, e) of the block that every row of [r0, r1) sees (their ranges' intersection): those go
+// through a register tile for all the rows at once; fast is false when some row sees none.
+struct SharedKeys {
+  int64_t a, e;
+  bool fast;
+};
+
+SharedKeys IntersectRowRanges(const float* row_lo, const float* row_hi, int64_t r0, int64_t r1, int64_t nk) {
+  SharedKeys k{0, nk, true};
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t lo = static_cast<int64_t>(row_lo[r]), hi = static_cast<int64_t>(row_hi[r]);
+    k.fast &= lo < hi;
+    k.a = std::max(k.a, lo);
+    k.e = std::min(k.e, hi);
+  }
+  k.fast &= k.a < k.e;
+  return k;
+}
+
+// What each row of [r0, r1) sees beyond the shared keys, as ranges for row_pv(r, begin, end): the
+// whole of its range where the rows share none, else the parts before and after the shared keys.
+template <class RowPv>
+void ForRowRemainders(const float* row_lo, const float* row_hi, int64_t r0, int64_t r1, const SharedKeys& k,
+                      RowPv&& row_pv) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t lo = static_cast<int64_t>(row_lo[r]), hi = static_cast<int64_t>(row_hi[r]);
+    if (!k.fast) {
+      row_pv(r, lo, hi);
+      continue;
+    }
+    row_pv(r, lo, k.a);
+    row_pv(r, k.e, hi);
+  }
+}
+
+// A finished tile's rows: normalized into the output (part null), or its unnormalized (O, m, l)
+// as a split's partial for the merge.
+void FinishTile(const AttnParams& p, const Geometry& g, const Tile& t, const Scratch& w, float* part) {
+  if (!part) {
+    for (int64_t r = 0; r < t.rows; ++r) WriteRow(p, g, t, r, w.o + r * g.Dvp, w.m[r], w.l[r]);
+    return;
+  }
+  std::memcpy(part, w.o, size_t(t.rows * g.Dvp) * sizeof(float));
+  std::memcpy(part + g.rows_max * g.Dvp, w.m, size_t(t.rows) * sizeof(float));
+  std::memcpy(part + g.rows_max * g.Dvp + g.rows_max, w.l, size_t(t.rows) * sizeof(float));
 }
 
 }  // namespace HWY_NAMESPACE

@@ -57,6 +57,12 @@ HWY_INLINE VF Exp2NonPositive(DF df, VF d) {
 #endif
 }
 
+// A row's running max after a block whose max is m_blk: a NaN on either side stays NaN (std::max
+// would drop it on one side), so a poisoned row stays poisoned through every later block.
+inline float NextRowMax(float m_old, float m_blk) {
+  return std::isnan(m_old) || std::isnan(m_blk) ? std::numeric_limits<float>::quiet_NaN() : std::max(m_old, m_blk);
+}
+
 // Online softmax of one block, vectorized over query rows (S^T is [key][row]), in the log2
 // domain of common/online_softmax.h (as the CUDA kernel): scores are x = s * scale * log2(e)
 // (one rounded multiply by a constant, done by ScoreTile as it stores S^T; with softcap
@@ -106,8 +112,7 @@ void SoftmaxBlock(const Panel& pn, int64_t kb, int64_t ke, float softcap, const 
   for (int64_t r = row0; r < row0 + mp; ++r) {
     const float m_old = w.m[r], m_blk = kMaxDone && w.mblk[r] == INFINITY ? std::numeric_limits<float>::quiet_NaN()
                                                                            : w.mblk[r];
-    const float m_new = std::isnan(m_old) || std::isnan(m_blk) ? std::numeric_limits<float>::quiet_NaN()
-                                                              : std::max(m_old, m_blk);
+    const float m_new = NextRowMax(m_old, m_blk);
     w.alpha[r] = softmax::rescale_factor(m_old, m_new, [](float x) { return std::exp2(x); });
     w.m[r] = m_new;
     w.mref[r] = softmax::max_for_exp(m_new);
@@ -165,8 +170,7 @@ void DecodeSoftmax(int64_t rows, float scale, float softcap, const Scratch& w, c
     float m_blk = hn::GetLane(hn::MaxOfLanes(df, mx));
     if (!hn::AllFalse(df, hn::MaskFromVec(saw_nan)) || m_blk == INFINITY) m_blk = std::numeric_limits<float>::quiet_NaN();
     const float m_old = w.m[r];
-    const float m_new = std::isnan(m_old) || std::isnan(m_blk) ? std::numeric_limits<float>::quiet_NaN()
-                                                              : std::max(m_old, m_blk);
+    const float m_new = NextRowMax(m_old, m_blk);
     const float alpha = softmax::rescale_factor(m_old, m_new, [](float e) { return std::exp2(e); });
     const VF mref = hn::Set(df, softmax::max_for_exp(m_new));
     VF sum = hn::Zero(df);
@@ -178,6 +182,17 @@ void DecodeSoftmax(int64_t rows, float scale, float softcap, const Scratch& w, c
     w.alpha[r] = alpha;
     w.m[r] = m_new;
     w.l[r] = w.l[r] * alpha + hn::GetLane(hn::SumOfLanes(df, sum));
+  }
+}
+
+// O rows [r0, r1) *= the block's rescale factor, skipped where the max did not grow (alpha 1).
+void RescaleRows(const Scratch& w, int64_t r0, int64_t r1, int64_t dvp) {
+  const DF df;
+  for (int64_t r = r0; r < r1; ++r) {
+    if (w.alpha[r] == 1.f) continue;
+    const VF a = hn::Set(df, w.alpha[r]);
+    float* o = w.o + r * dvp;
+    for (int64_t c = 0; c < dvp; c += kLanes) hn::Store(hn::Mul(hn::Load(df, o + c), a), df, o + c);
   }
 }
 
