@@ -1,5 +1,5 @@
 // The CPU register tile, shared by the planner (plan_cpu) and the Highway kernels so that block
-// sizes are whole multiples of what the micro-kernels consume. Owned by cpu/.
+// sizes are whole multiples of what the micro-kernels consume.
 //
 // Both micro-kernels of cpu/flash_kernel.cc have the same shape: `rows` scalars broadcast, times
 // `vecs` vectors loaded, into rows x vecs accumulators.
@@ -42,18 +42,11 @@ constexpr CpuRegisterTile cpu_pv_register_tile(int simd_bits) {
 // of their tables (a panel of fewer than 48 rows scores with fewer row vectors, a block that is
 // not a whole number of score steps ends on a shorter one). plan_cpu rounds block_q to
 // lcm(rows, G), whole query positions, and block_kv to vecs x lanes (48 on AVX-512, 16 on AVX2).
-// Measured on the AVX-512 dev VM (D = 128, S = 4096, 2 threads, against an FMA probe beside
-// each call, 6 alternated rounds): block_kv 48 / 64 / 128 ran 0.94 / 0.98 / 1.01x of the planned
-// 96, block_q 1008 / 1056 / 1376 ran 1.01 / 1.01 / 1.03x of the planned 1040, quartiles about
-// +-5%: rounding either block to the panel's 48 rows or the score step's 8 keys gains nothing
-// measurable, and block_kv below 96 loses (more per-block softmax and rescale work).
-
 // Keys per partial sum of P V and of the row sum l: a partial starts from zero, takes up to this
 // many terms at its own magnitude, then adds into the running totals once. Summed straight into
 // O, each small term rounds at the ulp of the row's total, an error growing with sqrt(keys) once
 // one large score dominates a row; partials keep it to that of a blocked f32 sum. 128 makes a
-// planned key block (96-128 keys) one partial: one add per accumulator per block. Measurements:
-// docs/architecture.md, "Accumulation in partials".
+// planned key block (96-128 keys) one partial: one add per accumulator per block.
 constexpr int cpu_sum_chunk_keys = 128;
 
 // Decode: when a sequence's query rows (G heads x Sq positions) number at most this many, the
@@ -100,7 +93,7 @@ constexpr CpuCallMode cpu_call_mode(const CpuCallFacts& f) {
 }
 
 // Decode's softmax block (keys per online-softmax step, all kv heads at once; the kernel's
-// comment on kDecodeKeys has the measurements) and the unit its key splits are cut in.
+// comment on kDecodeKeys says why 32) and the unit its key splits are cut in.
 constexpr int cpu_decode_block_keys = 32;
 // A decode split keeps at least this many keys: its (O, m, l) partial, G x Hkv rows x Dv floats
 // (16 KiB at Hq = 32, Hkv = 8, D = 128), is written once and merged once, against the split's

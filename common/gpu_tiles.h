@@ -1,7 +1,7 @@
 // The CUDA tile table: one constexpr function that the planner (plan_gpu) and the kernel
 // instantiations both call, so the plan that `ioattn plan` prints and the kernel that runs
 // cannot disagree (the role of hopper/tile_size.h in FlashAttention). Each kernel instantiation
-// static_asserts that its template tile is gpu_tile(head_dim). Owned by gpu/.
+// static_asserts that its template tile is gpu_tile(head_dim).
 #pragma once
 
 #include <cstdint>
@@ -32,14 +32,10 @@ constexpr int64_t gpu_tile_smem_bytes(const GpuTile& t, int head_dim) {
 // 32 rows per warp (4 warps x 32 = 128 rows), which halves the K/V shared-memory reads per FLOP
 // against 16 rows per warp. D = 64 holds the same 64 + 128 with block_kv = 128, which halves the
 // per-key-block softmax, barrier and pipeline overhead against 64 keys (and is FlashAttention-2's
-// own D = 64 tile): ptxas spills 96 bytes, yet on the H200 (2026-12-02, bench_gpu_forward, hidden
-// 2048) it ran 271-279 TFLOP/s at S = 4096-16384 non-causal against 256-265 with 64 keys and
-// three stages, causal 242-269 against 232-255 (S >= 2048); only causal S <= 1024 lost (124 vs
-// 138 at 512), where the wider diagonal block masks more. D = 256 cannot afford 32 rows
-// (256 + ...), so 8 warps of 16 rows.
-// Measured on the H200 (bench/results/gpu-forward.md): 8 warps of 16 rows at two CTAs per SM
-// (128 registers) ran slower at D = 64 (242 vs 257 TFLOP/s) and at D = 128 with 32 keys (253 vs
-// 317): twice the warps did not buy back twice the K/V ldmatrix traffic per FLOP.
+// own D = 64 tile); ptxas spills 96 bytes, which costs less than the halved overhead except at
+// short causal S, where the wider diagonal block masks more. D = 256 cannot afford 32 rows
+// (256 + ...), so 8 warps of 16 rows. 8 warps of 16 rows at two CTAs per SM (128 registers)
+// would double the K/V ldmatrix traffic per FLOP, which twice the warps do not buy back.
 // Shared memory: D=64 92 KB, D=96 80 KB, D=128 104 KB (two CTAs per SM on an H100/H200, 227 KB),
 // D=256 202 KB (one CTA; larger than an A100's 163 KB opt-in: the launcher then falls back).
 constexpr GpuTile gpu_tile(int head_dim) {

@@ -62,7 +62,7 @@ constexpr DType kDTypeOf = std::is_same_v<T, float> ? DType::f32
 // loop then reads every row of its chunk from one pointer at fixed offsets: with a pointer per
 // row, its four K rows, the prefetch queue's cursor and the loop counters wanted more than x86's
 // 15 free general registers, and GCC parked the K row pointers in vector registers (a vmovq back
-// before every load, the hottest instructions of the loop in perf).
+// before every load).
 void DecodeQ(const float* row, int64_t r, int64_t D, float* qt) {
   const int64_t dv = D / kLanes * kLanes, rr = r % kDecodeRowChunk;
   float* chunk = qt + (r - rr) * D;
@@ -73,8 +73,7 @@ void DecodeQ(const float* row, int64_t r, int64_t D, float* qt) {
 
 // The caller's K/V rows are usually far apart (stride Hkv x D elements: one 4 KiB page per row
 // at Hkv = 8, D = 128), which defeats the hardware prefetchers' in-page streams, so copying a row
-// waits a full memory latency: per-tile packing took 12-17% of the kernel at S = 2048-4096. Head
-// mode packs each head once; per-tile packing prefetches the next block a few rows per score
+// waits a full memory latency. Head mode packs each head once; per-tile packing prefetches the next block a few rows per score
 // step, and within a copy loop kPrefetchRows rows ahead (a tile's first block has no
 // predecessor to hide its misses behind).
 constexpr int64_t kPrefetchRows = 8;

@@ -26,8 +26,8 @@ namespace HWY_NAMESPACE {
 // Arithmetic (D = Dv = 128, f16, G = 4): a key of one head is 256 + 256 bytes and costs
 // 4 x 128 multiply-adds for the scores plus as many for P V, 4 flops per byte. At AVX-512 that
 // is 64 vector FMAs per key and head, 32 cycles on two FMA ports: 512 bytes per 32 cycles is
-// ~40 GB/s per core at 2.5 GHz, so a core can outrun its DRAM stream (~12 GB/s on the Xeon
-// dev VM) if nothing else costs more than the FMAs. Two things used to: a horizontal sum per
+// ~40 GB/s per core at 2.5 GHz, so a core can outrun its share of DRAM (about 12 GB/s on a
+// server) if nothing else costs more than the FMAs. Two things used to: a horizontal sum per
 // (key, row) (10 shuffles and adds each, more than the key's 8 FMAs per row at AVX-512), and a
 // softmax vectorized over the 4 rows of a head (12 of 16 lanes idle). Now the dot products of
 // kGroupKeys = lanes consecutive keys are reduced together by a transposed tree (DecodeScore,
@@ -57,32 +57,15 @@ HWY_INLINE hn::Vec<D> PairSums(D d, hn::Vec<D> a, hn::Vec<D> b) {
 // Software prefetch of the next softmax block: a head's K and V rows of block n + 1 (32 x 512
 // bytes at D = 128 in f16) are requested while the same head computes block n, a few lines per
 // inner step of the score and P V loops (per_step = lines / steps, 2 at AVX-512 and D = 128),
-// so the requests overlap the arithmetic instead of queueing behind each other. Measured on the
-// Xeon VM (f16, 1 GiB cache): without software prefetch one core read 5.3 GB/s against 10-12
-// for a plain read of the same pattern (compute and memory taking turns: 1 / (1/16 + 1/12));
-// with this queue 8.5-9.7, and 2 threads 60-80% of a paired plain read (bench_decode of_read%).
-// Variants that measured worse: a burst of the whole block's prefetches at its start (stalled
-// on the 16 L1 fill buffers, 85% of samples on the prefetches), 3 lines per step (the queue
-// then competes with the current block's L2 hits), the next head's rows of the current block
-// on top (in-L2 runs 12.7 -> 10.5 GB/s), two blocks ahead (same within noise). All heads of
-// the next block in position order measured -5 points while the queue filled L1 (16-key
-// blocks, prefetcht0: 128 KiB per block through a 48 KiB L1); into L2 it is now the default
-// where a position's heads are contiguous (DecodeRange).
-// The requests are prefetcht2 (into L2), not prefetcht0: the lines are used a block later, after
-// all other heads' blocks have passed through L1, so L1 never kept them anyway, and a synthetic
-// stream with this access order and arithmetic ran 66-82% of a paired plain read with t2
-// against 56-65% with t0 (H200 host's Xeon, 1 and 2 threads; nta: 22%). With 32-key blocks,
-// bench_decode at 2 threads (f16 and bf16, 0.5-1 GiB caches, three alternated passes): dev VM
-// 70-79% of the paired read against 66-74% for t0 and 16 keys (t2 alone: 70-75%); H200 host,
-// one pass, 17-20 GB/s against 16-18.
+// so the requests overlap the arithmetic instead of queueing behind each other: a burst of the
+// whole block's requests at its start stalls on the L1 fill buffers. The requests are
+// prefetcht2 (into L2), not prefetcht0: the lines are used a block later, after all other heads'
+// blocks have passed through L1, so L1 would not keep them anyway.
 struct LineQueue {
   const char* const* rows;
   int64_t nrows, row_bytes, per_step;
   // The line being issued and the end of its row, as integers (the last step may pass the
-  // cache's end): a compare and an add per line, each row's pointer read once. Hot decode
-  // (1 thread, L2-resident, f16) against a row index and byte count re-adding rows[row] per
-  // line: Zen 4 EPYC VM G = 1 62 -> 56.6 cycles per key and kv head, G = 4 unchanged; H200
-  // host's Xeon G = 4 +3-4%. From DRAM 1.00x at G = 4 on both.
+  // cache's end): a compare and an add per line, each row's pointer read once.
   int64_t row = 0;
   uintptr_t at = 0, stop = 0;
   HWY_INLINE void Issue() {
@@ -276,9 +259,7 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
     // caches and their pages), one queue walks the whole next block in address order, K then V
     // of each position (Hkv x D elements each), paced over all heads' inner steps of this block:
     // DRAM then sees two ascending streams, as a plain read does, instead of each head's rows
-    // 2 KiB apart revisited Hkv times. Dev VM, 2 threads, f16 B = 8 (1 GiB), paired against the
-    // plain read, 10 alternations: 73.7% -> 80.3% (median of per-round ratios 1.09); bf16 B = 4:
-    // 81.8% -> 90.5% (1.13); one thread unchanged (0.99). Two blocks ahead measured 0.95x of one.
+    // 2 KiB apart revisited Hkv times.
     // Otherwise each head queues its own rows of the next block.
     // next_block_queue: the next block's rows from head offsets koff / voff, `bytes` each,
     // spread over `over_steps` inner steps.

@@ -5,7 +5,7 @@
 // G = Hq / Hkv query heads that share hk are stacked into its rows (row r = position
 // pos0 + r / G, head hk * G + r % G), so every K/V block is converted and streamed once for all
 // G heads: for decode (Sq = 1) a tile is the G heads of one token, and each K/V byte of the cache
-// is read once per step. Three task shapes, chosen per call (DecideShape):
+// is read once per step. Three task shapes, chosen per call by cpu_call_mode (common/cpu_tiles.h):
 //  * decode mode, when each sequence has at most cpu_decode_max_rows rows per kv head (Sq = 1
 //    or 2 at G = 4): a task is a (sequence, key split) over ALL kv heads, reading K/V straight
 //    from the cache in its own order, position by position (DecodeRange explains why); the

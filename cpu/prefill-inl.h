@@ -20,8 +20,8 @@ namespace HWY_NAMESPACE {
 
 // O rows += P V over the block, each row over exactly its visible keys [lo_r, hi_r).
 // masked: some row of the panel does not see every key [0, nk) of the block; otherwise every
-// group is fast over all nk keys, without reading the rows' ranges (48 rows x 2 conversions,
-// twice, were 2% of the kernel at D = 128 non-causal).
+// group is fast over all nk keys, without reading the rows' ranges (their float-to-int
+// conversions cost more than the unmasked panel's P V bookkeeping otherwise needs).
 void AccumulatePv(const Geometry& g, const Panel& pn, int64_t nk, bool masked, const Scratch& w) {
   const int64_t vecs_total = g.Dvp / kLanes;
   auto row_pv = [&](int64_t r, int64_t a, int64_t e) {
@@ -202,7 +202,7 @@ void RunTileBlocks(const AttnParams& p, const Geometry& g, const Tile& t, int64_
       Panel pn;
       pn.row0 = i * kPanelRows;
       pn.rows = std::min(kPanelRows, t.rows - pn.row0);
-      pn.mp = RoundUp(pn.rows, kLanes);
+      pn.mp = round_up(pn.rows, kLanes);
       bool masked = false, any_visible = false;
       for (int64_t r = pn.row0; r < pn.row0 + pn.rows; ++r) {
         masked |= w.lo[r] != 0.f || w.hi[r] != static_cast<float>(nk);

@@ -73,14 +73,14 @@ Geometry MakeGeometry(const AttnParams& p, const Plan& plan, bool head_mode, int
   Geometry g;
   g.D = p.head_dim;
   g.Dv = p.head_dim_v;
-  g.Dvp = RoundUp(g.Dv, kLanes);
-  g.Dvq = RoundUp(g.Dv, kPanelCols);
+  g.Dvp = round_up(g.Dv, kLanes);
+  g.Dvq = round_up(g.Dv, kPanelCols);
   g.G = p.heads_q / p.heads_kv;
   g.decode = decode_positions > 0;
   g.pos_per_tile = g.decode ? decode_positions : std::max<int64_t>(1, plan.block_q / g.G);
   g.rows_max = g.pos_per_tile * g.G;
   // Decode's Q is stored in whole row chunks (DecodeQ).
-  g.mp_max = RoundUp(g.rows_max, g.decode ? std::max<int64_t>(kLanes, kDecodeRowChunk) : kLanes);
+  g.mp_max = round_up(g.rows_max, g.decode ? std::max<int64_t>(kLanes, kDecodeRowChunk) : kLanes);
   g.block_kv = std::max(1, plan.block_kv);
   g.splits = std::max(1, plan.kv_splits);
   g.head_mode = head_mode;
@@ -114,7 +114,7 @@ Geometry MakeGeometry(const AttnParams& p, const Plan& plan, bool head_mode, int
   g.worker_bytes = at;
   // Rounded to whole vectors: the merge loads each partial's O rows with aligned loads, and
   // decode tiles can have any row count (2 x rows_max floats of m and l need not fill one).
-  g.partial_floats = RoundUp(g.rows_max * g.Dvp + 2 * g.rows_max, kLanes);
+  g.partial_floats = round_up(g.rows_max * g.Dvp + 2 * g.rows_max, kLanes);
   return g;
 }
 
@@ -165,7 +165,7 @@ Tile MakeTile(const AttnParams& p, const Geometry& g, int64_t b, int64_t hk, int
   t.pos0 = q_block * g.pos_per_tile;
   t.npos = std::min(g.pos_per_tile, t.seq.seqlen_q - t.pos0);
   t.rows = t.npos * g.G;
-  t.mp = RoundUp(t.rows, kLanes);
+  t.mp = round_up(t.rows, kLanes);
   return t;
 }
 

@@ -23,12 +23,10 @@ namespace HWY_NAMESPACE {
 // 2^d for the softmax exponent d = x - m <= 0 (or NaN, which only poisoned rows see), ~1.2 ULP.
 // d = n + f with n = round(d) and f = d - n exact (Sterbenz) in [-1/2, 1/2]; 2^f is a degree-6
 // polynomial (minimax for relative error on [-1/2, 1/2], 1.9e-9 in exact arithmetic, 1.19 ULP
-// in fp32 Horner: measured over 2M points against 2^f in double), and 2^n is added into the
-// exponent field. Below 2^-125 the result flushes to 0: such a term is under 2^-101 of the row
-// max's own term (exactly 1), so it cannot change l or O in fp32. d = 0 gives exactly 1.
-// Why not hwy::Exp: in the natural domain it needs a two-constant Cody-Waite reduction and
-// a range split for the scale, 30 vector ops per 8 scores against 13 here; the softmax was
-// 12-14% of the kernel's time at D = 128 and about twice that share at D = 64.
+// in fp32 Horner against 2^f in double), times 2^n. Below 2^-125 the result flushes to 0: such a
+// term is under 2^-101 of the row max's own term (exactly 1), so it cannot change l or O in fp32.
+// d = 0 gives exactly 1. Not hwy::Exp: in the natural domain it needs a two-constant Cody-Waite
+// reduction and a range split for the scale, 30 vector ops per 8 scores against 13 here.
 HWY_INLINE VF Exp2NonPositive(DF df, VF d) {
   const VF n = hn::Round(d);
   const VF f = hn::Sub(d, n);

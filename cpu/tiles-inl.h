@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "common/cpu_tiles.h"
+#include "common/int_math.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -43,7 +44,6 @@ static_assert(kPanelRows % kPvTile.rows == 0, "panel not a whole PV tile");
 
 constexpr int64_t kSumChunk = cpu_sum_chunk_keys;
 
-constexpr int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 constexpr size_t AlignBytes(size_t x) { return (x + 63) / 64 * 64; }
 
 // Decode mode (DecodeRange) takes calls whose sequences have at most kDecodeRows query rows
@@ -52,17 +52,14 @@ constexpr size_t AlignBytes(size_t x) { return (x + 63) / 64 * 64; }
 // packed path's register tile wants 16+ rows. kDecodeKeys positions form one softmax block: the
 // block's K and V for all heads (32 x 8 x 512 bytes = 128 KiB in f16) wait in L2, where
 // LineQueue puts them, between the score pass and P V. 32 keys halve the per-block costs (the
-// softmax's max and sum reductions, the rescale of O, the row pointers) against 16: -8.5%
-// instructions. While the queue prefetched into L1, 32 and 64 measured no faster than 16 (the
-// larger block's lines were evicted from the 48 KiB L1 before use); with the queue filling L2,
-// 32 beat 16 in every paired run (below), and 64 did not (H200 host, one pass: 53-69% of the
-// paired read against 64-78% for 16).
+// softmax's max and sum reductions, the rescale of O, the row pointers) against 16; 64 no longer
+// fits the wait in L2 beside the other heads' blocks.
 constexpr int64_t kDecodeRows = cpu_decode_max_rows;
 constexpr int64_t kDecodeKeys = cpu_decode_block_keys;
 static_assert(kDecodeKeys <= kSumChunk, "decode's P V sums one block from zero, so a block is one partial sum");
 // Score rows are kDecodeStride floats apart: whole vectors, so the softmax loads past the
 // block's last key (and masks) instead of running a scalar tail.
-constexpr int64_t kDecodeStride = RoundUp(kDecodeKeys, kLanes);
+constexpr int64_t kDecodeStride = round_up(kDecodeKeys, kLanes);
 // Decode's query rows go through the score and P V tiles 4 at a time (4 rows x 4 keys of
 // accumulators in the score step).
 constexpr int kDecodeRowChunk = 4;
@@ -72,10 +69,8 @@ constexpr int kDecodeRowChunk = 4;
 // S^T[key r][row vector c] = sum_d K[r][d] * Q^T[c][d]. kp: the first of R packed f32 key rows
 // (stride D); qt: the first of C Q^T panels ([d][lanes] each, panel stride D * lanes); st: row r
 // of S^T, stride mp.
-// The register loops carry `#pragma GCC unroll`: without it GCC kept acc[R][C] as a stack array
-// outside the hot loop, zeroing or loading it there and storing it through the stack at the end
-// (ScoreTile<8, 3> on AVX-512: 216 instructions per call, 142 with the pragma; PvTile<6, 4>:
-// 252 -> 180), about 2-5% of a call at D = 64.
+// The register loops carry `#pragma GCC unroll`: without it GCC keeps acc[R][C] as a stack array
+// outside the hot loop, zeroing or loading it there and storing it through the stack at the end.
 // Stored scores are already multiplied by `scale` (the softmax's x = s * scale * log2 e, or s *
 // scale under softcap: the same single rounded multiply SoftmaxBlock used to do on its first pass).
 // kMax: also folds the R keys' scores into the running block max of each row vector (mx, C
@@ -118,9 +113,8 @@ void ScoreTile(const float* kp, const float* qt, int64_t D, float* st, int64_t m
 // p: P^T at (first key, first row), stride mp; vp: the V panel of these columns at the first key
 // ([key][kPanelCols], so the loads are one contiguous stream); o: O at (first row, first column).
 // o_next: the O block of the next call, requested now: O lives in L2 (the tile's rows x Dv, 520
-// KiB at 1040 x 128), and the 24 accumulators' loads waited on it at the start of every call,
-// 9% of this kernel's samples at D = 128 (block_kv = 96: 1152 FMA cycles per call), while a
-// call is long enough for the next one's 24 lines to arrive.
+// KiB at 1040 x 128), the accumulators' loads would wait on it at the start of every call, and
+// a call (1152 FMA cycles at block_kv = 96, D = 128) is long enough for the next one's lines.
 // The keys are summed in partials of kSumChunk from zero in the registers, each then added to O
 // (common/cpu_tiles.h, cpu_sum_chunk_keys, says why).
 template <int R, int C>
