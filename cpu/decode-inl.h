@@ -81,60 +81,101 @@ struct LineQueue {
   }
 };
 
+// The first C of x0..x3 widened from p, `stride` elements apart; the rest zero (never read).
+template <int C, class T>
+HWY_INLINE void LoadWideRow(const T* p, int64_t stride, VF& x0, VF& x1, VF& x2, VF& x3) {
+  const DF df;
+  x0 = LoadWide(p);
+  x1 = C > 1 ? LoadWide(p + stride) : hn::Zero(df);
+  x2 = C > 2 ? LoadWide(p + 2 * stride) : hn::Zero(df);
+  x3 = C > 3 ? LoadWide(p + 3 * stride) : hn::Zero(df);
+}
+
+// A row's kStepKeys accumulators folded to one vector: lane i sums key i's dot product (a
+// transposed reduction, PairSums level by level).
+HWY_INLINE VF FoldStep(DF df, VF a0, VF a1, VF a2, VF a3) {
+  if constexpr (kStepKeys == 4) return PairSums(df, PairSums(df, a0, a1), PairSums(df, a2, a3));
+  if constexpr (kStepKeys == 2) return PairSums(df, a0, a1);
+  (void)a1, (void)a2, (void)a3;
+  return a0;
+}
+
+// One step of DecodeScore: keys kr[0, kStepKeys) against the R rows of q over the whole vectors
+// of D (dv elements), each row's sums folded into p0..p3.
+template <class T, int R>
+HWY_INLINE void DecodeStep(const T* const* kr, const float* q, int64_t dv, LineQueue& lq, VF& p0, VF& p1, VF& p2,
+                           VF& p3) {
+  static_assert(1 <= R && R <= 4 && kStepKeys <= 4, "the named accumulators cover 4 rows x 4 keys");
+  const DF df;
+  const VF z = hn::Zero(df);
+  VF a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
+  VF a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
+  const T* k0 = kr[0];
+  const T* k1 = kr[kStepKeys > 1 ? 1 : 0];
+  const T* k2 = kr[kStepKeys > 2 ? 2 : 0];
+  const T* k3 = kr[kStepKeys > 3 ? 3 : 0];
+  for (int64_t d = 0; d < dv; d += kLanes) {
+    lq.Issue();
+    const VF x0 = LoadWide(k0 + d);
+    const VF x1 = kStepKeys > 1 ? LoadWide(k1 + d) : z;
+    const VF x2 = kStepKeys > 2 ? LoadWide(k2 + d) : z;
+    const VF x3 = kStepKeys > 3 ? LoadWide(k3 + d) : z;
+    const float* qd = q + kDecodeRowChunk * d;
+    MulAddRow<kStepKeys>(hn::LoadU(df, qd), x0, x1, x2, x3, a00, a01, a02, a03);
+    if constexpr (R > 1) MulAddRow<kStepKeys>(hn::LoadU(df, qd + kLanes), x0, x1, x2, x3, a10, a11, a12, a13);
+    if constexpr (R > 2) MulAddRow<kStepKeys>(hn::LoadU(df, qd + 2 * kLanes), x0, x1, x2, x3, a20, a21, a22, a23);
+    if constexpr (R > 3) MulAddRow<kStepKeys>(hn::LoadU(df, qd + 3 * kLanes), x0, x1, x2, x3, a30, a31, a32, a33);
+  }
+  p0 = FoldStep(df, a00, a01, a02, a03);
+  p1 = FoldStep(df, a10, a11, a12, a13);
+  p2 = FoldStep(df, a20, a21, a22, a23);
+  p3 = FoldStep(df, a30, a31, a32, a33);
+}
+
+// Row r's group sums into s: the kGroupKeys scores as one vector, or their one lane's total
+// where keys are reduced one by one.
+HWY_INLINE void StoreGroupScores(DF df, VF sums, float* s) {
+  if constexpr (kTreeReduce) {
+    hn::StoreU(sums, df, s);
+  } else {
+    s[0] = hn::GetLane(hn::SumOfLanes(df, sums));
+  }
+}
+
 // s[r * kDecodeStride + i] = K_i . Q_r for the kGroupKeys keys krows[i] and R query rows. q: the
 // chunk's rows in DecodeQ's layout, so that one pointer serves all rows. kStepKeys keys share
 // each Q load; their sums are folded in registers to one vector per row, and the group's
-// kGroupKeys / kStepKeys such vectors per row are folded once at the end. The tail of D past the
-// last whole vector is scalar.
+// kGroupKeys / kStepKeys such vectors per row are folded pairwise as the steps complete
+// (((0, 1), (2, 3)) for four). The tail of D past the last whole vector is scalar.
 template <class T, int R>
 void DecodeScore(const T* const* krows, const float* q, int64_t D, float* s, LineQueue& pq) {
   const DF df;
   constexpr int64_t kSteps = kGroupKeys / kStepKeys;
+  static_assert(kSteps == 1 || kSteps == 2 || kSteps == 4, "the pairwise fold covers 1, 2 or 4 steps");
   const int64_t dv = D / kLanes * kLanes;
-  VF part[R][kSteps];
   // A local copy stays in registers; through the reference every step stored its cursor back.
   LineQueue lq = pq;
-  for (int64_t step = 0; step < kSteps; ++step) {
-    const T* kr[kStepKeys];
-    VF acc[R][kStepKeys];
-#pragma GCC unroll 16
-    for (int k = 0; k < kStepKeys; ++k) {
-      kr[k] = krows[step * kStepKeys + k];
-      for (int r = 0; r < R; ++r) acc[r][k] = hn::Zero(df);
-    }
-    for (int64_t d = 0; d < dv; d += kLanes) {
-      lq.Issue();
-      VF kv[kStepKeys];
-#pragma GCC unroll 16
-      for (int k = 0; k < kStepKeys; ++k) kv[k] = LoadWide(kr[k] + d);
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        const VF qv = hn::LoadU(df, q + kDecodeRowChunk * d + r * kLanes);
-        for (int k = 0; k < kStepKeys; ++k) acc[r][k] = hn::MulAdd(kv[k], qv, acc[r][k]);
-      }
-    }
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      if constexpr (kStepKeys == 4) {
-        part[r][step] = PairSums(df, PairSums(df, acc[r][0], acc[r][1]), PairSums(df, acc[r][2], acc[r][3]));
-      } else if constexpr (kStepKeys == 2) {
-        part[r][step] = PairSums(df, acc[r][0], acc[r][1]);
-      } else {
-        part[r][step] = acc[r][0];
-      }
-    }
+  VF s0, s1, s2, s3;
+  DecodeStep<T, R>(krows, q, dv, lq, s0, s1, s2, s3);
+  if constexpr (kSteps > 1) {
+    VF t0, t1, t2, t3;
+    DecodeStep<T, R>(krows + kStepKeys, q, dv, lq, t0, t1, t2, t3);
+    s0 = PairSums(df, s0, t0), s1 = PairSums(df, s1, t1), s2 = PairSums(df, s2, t2), s3 = PairSums(df, s3, t3);
+  }
+  if constexpr (kSteps > 2) {
+    VF t0, t1, t2, t3, u0, u1, u2, u3;
+    DecodeStep<T, R>(krows + 2 * kStepKeys, q, dv, lq, t0, t1, t2, t3);
+    DecodeStep<T, R>(krows + 3 * kStepKeys, q, dv, lq, u0, u1, u2, u3);
+    s0 = PairSums(df, s0, PairSums(df, t0, u0));
+    s1 = PairSums(df, s1, PairSums(df, t1, u1));
+    s2 = PairSums(df, s2, PairSums(df, t2, u2));
+    s3 = PairSums(df, s3, PairSums(df, t3, u3));
   }
   pq = lq;
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    if constexpr (kTreeReduce) {
-      for (int64_t n = kSteps; n > 1; n /= 2)
-        for (int64_t i = 0; i < n / 2; ++i) part[r][i] = PairSums(df, part[r][2 * i], part[r][2 * i + 1]);
-      hn::StoreU(part[r][0], df, s + r * kDecodeStride);
-    } else {
-      s[r * kDecodeStride] = hn::GetLane(hn::SumOfLanes(df, part[r][0]));
-    }
-  }
+  StoreGroupScores(df, s0, s);
+  if constexpr (R > 1) StoreGroupScores(df, s1, s + kDecodeStride);
+  if constexpr (R > 2) StoreGroupScores(df, s2, s + 2 * kDecodeStride);
+  if constexpr (R > 3) StoreGroupScores(df, s3, s + 3 * kDecodeStride);
   if (dv == D) return;
   for (int r = 0; r < R; ++r)
     for (int64_t i = 0; i < kGroupKeys; ++i) {
@@ -161,31 +202,28 @@ void DecodeScoreRows(int R, const T* const* krows, const float* q, int64_t D, fl
 template <class T, int R, int C>
 void DecodePv(const void* const* vrows, int64_t a, int64_t e, const float* p, int64_t col, float* o, int64_t dvp,
               LineQueue& pq) {
+  static_assert(1 <= R && R <= 4, "the named accumulators cover 4 rows");
   const DF df;
-  VF acc[R][C];
+  const VF z = hn::Zero(df);
+  VF a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
+  VF a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
   LineQueue lq = pq;
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = hn::Zero(df);
   for (int64_t j = a; j < e; ++j) {
     lq.Issue();
-    const T* v = static_cast<const T*>(vrows[j]) + col;
-    VF vv[C];
-#pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) vv[c] = LoadWide(v + c * kLanes);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const VF pb = hn::Set(df, p[r * kDecodeStride + j]);
-      for (int c = 0; c < C; ++c) acc[r][c] = hn::MulAdd(pb, vv[c], acc[r][c]);
-    }
+    VF v0, v1, v2, v3;
+    LoadWideRow<C>(static_cast<const T*>(vrows[j]) + col, kLanes, v0, v1, v2, v3);
+    const float* pj = p + j;
+    MulAddRow<C>(hn::Set(df, pj[0]), v0, v1, v2, v3, a00, a01, a02, a03);
+    if constexpr (R > 1) MulAddRow<C>(hn::Set(df, pj[kDecodeStride]), v0, v1, v2, v3, a10, a11, a12, a13);
+    if constexpr (R > 2) MulAddRow<C>(hn::Set(df, pj[2 * kDecodeStride]), v0, v1, v2, v3, a20, a21, a22, a23);
+    if constexpr (R > 3) MulAddRow<C>(hn::Set(df, pj[3 * kDecodeStride]), v0, v1, v2, v3, a30, a31, a32, a33);
   }
   pq = lq;
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) {
-      float* oc = o + r * dvp + col + c * kLanes;
-      hn::Store(hn::Add(hn::Load(df, oc), acc[r][c]), df, oc);
-    }
+  float* oc = o + col;
+  AddRowTo<C>(df, oc, a00, a01, a02, a03);
+  if constexpr (R > 1) AddRowTo<C>(df, oc + dvp, a10, a11, a12, a13);
+  if constexpr (R > 2) AddRowTo<C>(df, oc + 2 * dvp, a20, a21, a22, a23);
+  if constexpr (R > 3) AddRowTo<C>(df, oc + 3 * dvp, a30, a31, a32, a33);
 }
 
 template <class T, int C>

@@ -155,15 +155,17 @@ void DecodeSoftmax(int64_t rows, float scale, float softcap, const Scratch& w, c
   for (int64_t r = 0; r < rows; ++r) {
     float* sr = w.st + r * kDecodeStride;
     const VF vlo = hn::Set(df, lo[r]), vhi = hn::Set(df, hi[r]);
-    VF x[kVecs];
     VF mx = neg_inf, saw_nan = hn::Zero(df);
+    // The masked scores go back in place (not into an array of vectors, which scalable vectors
+    // cannot form) for the exponent pass to read.
     for (int64_t v = 0; v < kVecs; ++v) {
       VF s = hn::Mul(hn::Load(df, sr + v * kLanes), vscale);
       if (kSoftcap) s = hn::Mul(vcap_log2, hn::Tanh(df, hn::Div(s, vcap)));
       const VF key = hn::Add(iota, hn::Set(df, static_cast<float>(v * kLanes)));
-      x[v] = hn::IfThenElse(hn::And(hn::Ge(key, vlo), hn::Lt(key, vhi)), s, neg_inf);
-      mx = hn::Max(mx, x[v]);
-      saw_nan = hn::Or(saw_nan, hn::VecFromMask(df, hn::IsNaN(x[v])));
+      const VF x = hn::IfThenElse(hn::And(hn::Ge(key, vlo), hn::Lt(key, vhi)), s, neg_inf);
+      hn::Store(x, df, sr + v * kLanes);
+      mx = hn::Max(mx, x);
+      saw_nan = hn::Or(saw_nan, hn::VecFromMask(df, hn::IsNaN(x)));
     }
     float m_blk = hn::GetLane(hn::MaxOfLanes(df, mx));
     if (!hn::AllFalse(df, hn::MaskFromVec(saw_nan)) || m_blk == INFINITY) m_blk = std::numeric_limits<float>::quiet_NaN();
@@ -173,7 +175,7 @@ void DecodeSoftmax(int64_t rows, float scale, float softcap, const Scratch& w, c
     const VF mref = hn::Set(df, softmax::max_for_exp(m_new));
     VF sum = hn::Zero(df);
     for (int64_t v = 0; v < kVecs; ++v) {
-      const VF pv = Exp2NonPositive(df, hn::Sub(x[v], mref));
+      const VF pv = Exp2NonPositive(df, hn::Sub(hn::Load(df, sr + v * kLanes), mref));
       hn::Store(pv, df, sr + v * kLanes);
       sum = hn::Add(sum, pv);
     }

@@ -66,11 +66,63 @@ constexpr int kDecodeRowChunk = 4;
 
 // Micro-kernels.
 
+// Register tiles hold their accumulators in named vectors, up to four per row, not in arrays:
+// scalable vectors (SVE) cannot be array elements. MulAddRow is one row's step: a_c += b * x_c
+// for the first C of them.
+template <int C>
+HWY_INLINE void MulAddRow(VF b, VF x0, VF x1, VF x2, VF x3, VF& a0, VF& a1, VF& a2, VF& a3) {
+  static_assert(1 <= C && C <= 4, "a row holds one to four accumulators");
+  a0 = hn::MulAdd(b, x0, a0);
+  if constexpr (C > 1) a1 = hn::MulAdd(b, x1, a1);
+  if constexpr (C > 2) a2 = hn::MulAdd(b, x2, a2);
+  if constexpr (C > 3) a3 = hn::MulAdd(b, x3, a3);
+}
+
+// The first C of x0..x3 loaded from p, lanes apart; the rest zero (never read).
+template <int C>
+HWY_INLINE void LoadRow(DF df, const float* p, int64_t stride, VF& x0, VF& x1, VF& x2, VF& x3) {
+  x0 = hn::Load(df, p);
+  x1 = C > 1 ? hn::Load(df, p + stride) : hn::Zero(df);
+  x2 = C > 2 ? hn::Load(df, p + 2 * stride) : hn::Zero(df);
+  x3 = C > 3 ? hn::Load(df, p + 3 * stride) : hn::Zero(df);
+}
+
+// o[c * lanes ...] += a_c for the first C accumulators of a row.
+template <int C>
+HWY_INLINE void AddRowTo(DF df, float* o, VF a0, VF a1, VF a2, VF a3) {
+  hn::Store(hn::Add(hn::Load(df, o), a0), df, o);
+  if constexpr (C > 1) hn::Store(hn::Add(hn::Load(df, o + kLanes), a1), df, o + kLanes);
+  if constexpr (C > 2) hn::Store(hn::Add(hn::Load(df, o + 2 * kLanes), a2), df, o + 2 * kLanes);
+  if constexpr (C > 3) hn::Store(hn::Add(hn::Load(df, o + 3 * kLanes), a3), df, o + 3 * kLanes);
+}
+
+// One score vector: x = a * scale stored at s and, with kMax, folded into the running max m.
+template <bool kMax>
+HWY_INLINE void StoreScaled(DF df, VF a, VF vscale, float* s, VF& m) {
+  const VF x = hn::Mul(a, vscale);
+  hn::Store(x, df, s);
+  if constexpr (kMax) m = hn::Max(m, x);
+}
+
+// Column c of ScoreTile's accumulators (a0..a7: rows 0..7) scaled into S^T rows mp apart.
+template <int R, bool kMax>
+HWY_INLINE void StoreScoreColumn(DF df, VF vscale, float* st, int64_t mp, float* mx, VF a0, VF a1, VF a2, VF a3,
+                                 VF a4, VF a5, VF a6, VF a7) {
+  VF m = kMax ? hn::Load(df, mx) : hn::Zero(df);
+  StoreScaled<kMax>(df, a0, vscale, st, m);
+  if constexpr (R > 1) StoreScaled<kMax>(df, a1, vscale, st + mp, m);
+  if constexpr (R > 2) StoreScaled<kMax>(df, a2, vscale, st + 2 * mp, m);
+  if constexpr (R > 3) StoreScaled<kMax>(df, a3, vscale, st + 3 * mp, m);
+  if constexpr (R > 4) StoreScaled<kMax>(df, a4, vscale, st + 4 * mp, m);
+  if constexpr (R > 5) StoreScaled<kMax>(df, a5, vscale, st + 5 * mp, m);
+  if constexpr (R > 6) StoreScaled<kMax>(df, a6, vscale, st + 6 * mp, m);
+  if constexpr (R > 7) StoreScaled<kMax>(df, a7, vscale, st + 7 * mp, m);
+  if constexpr (kMax) hn::Store(m, df, mx);
+}
+
 // S^T[key r][row vector c] = sum_d K[r][d] * Q^T[c][d]. kp: the first of R packed f32 key rows
 // (stride D); qt: the first of C Q^T panels ([d][lanes] each, panel stride D * lanes); st: row r
 // of S^T, stride mp.
-// The register loops carry `#pragma GCC unroll`: without it GCC keeps acc[R][C] as a stack array
-// outside the hot loop, zeroing or loading it there and storing it through the stack at the end.
 // Stored scores are already multiplied by `scale` (the softmax's x = s * scale * log2 e, or s *
 // scale under softcap: the same single rounded multiply SoftmaxBlock used to do on its first pass).
 // kMax: also folds the R keys' scores into the running block max of each row vector (mx, C
@@ -79,34 +131,28 @@ constexpr int kDecodeRowChunk = 4;
 // NaN test (5 vector ops and a store), against the tile's D FMAs per score vector.
 template <int R, int C, bool kMax>
 void ScoreTile(const float* kp, const float* qt, int64_t D, float* st, int64_t mp, float scale, float* mx) {
+  static_assert(1 <= R && R <= 8, "the named accumulators cover 8 rows");
   const DF df;
-  VF acc[R][C];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = hn::Zero(df);
+  const VF z = hn::Zero(df);
+  VF a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z, a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z, a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z, a60 = z, a61 = z, a62 = z, a63 = z, a70 = z, a71 = z, a72 = z, a73 = z;
   const int64_t panel = D * kLanes;
   for (int64_t d = 0; d < D; ++d) {
-    VF qv[C];
-    for (int c = 0; c < C; ++c) qv[c] = hn::Load(df, qt + c * panel + d * kLanes);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const VF kb = hn::Set(df, kp[r * D + d]);
-      for (int c = 0; c < C; ++c) acc[r][c] = hn::MulAdd(kb, qv[c], acc[r][c]);
-    }
+    VF q0, q1, q2, q3;
+    LoadRow<C>(df, qt + d * kLanes, panel, q0, q1, q2, q3);
+    MulAddRow<C>(hn::Set(df, kp[0 * D + d]), q0, q1, q2, q3, a00, a01, a02, a03);
+    if constexpr (R > 1) MulAddRow<C>(hn::Set(df, kp[1 * D + d]), q0, q1, q2, q3, a10, a11, a12, a13);
+    if constexpr (R > 2) MulAddRow<C>(hn::Set(df, kp[2 * D + d]), q0, q1, q2, q3, a20, a21, a22, a23);
+    if constexpr (R > 3) MulAddRow<C>(hn::Set(df, kp[3 * D + d]), q0, q1, q2, q3, a30, a31, a32, a33);
+    if constexpr (R > 4) MulAddRow<C>(hn::Set(df, kp[4 * D + d]), q0, q1, q2, q3, a40, a41, a42, a43);
+    if constexpr (R > 5) MulAddRow<C>(hn::Set(df, kp[5 * D + d]), q0, q1, q2, q3, a50, a51, a52, a53);
+    if constexpr (R > 6) MulAddRow<C>(hn::Set(df, kp[6 * D + d]), q0, q1, q2, q3, a60, a61, a62, a63);
+    if constexpr (R > 7) MulAddRow<C>(hn::Set(df, kp[7 * D + d]), q0, q1, q2, q3, a70, a71, a72, a73);
   }
   const VF vscale = hn::Set(df, scale);
-#pragma GCC unroll 8
-  for (int c = 0; c < C; ++c) {
-    VF m;
-    if constexpr (kMax) m = hn::Load(df, mx + c * kLanes);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const VF x = hn::Mul(acc[r][c], vscale);
-      hn::Store(x, df, st + r * mp + c * kLanes);
-      if constexpr (kMax) m = hn::Max(m, x);
-    }
-    if constexpr (kMax) hn::Store(m, df, mx + c * kLanes);
-  }
+  StoreScoreColumn<R, kMax>(df, vscale, st + 0 * kLanes, mp, mx + 0 * kLanes, a00, a10, a20, a30, a40, a50, a60, a70);
+  if constexpr (C > 1) StoreScoreColumn<R, kMax>(df, vscale, st + 1 * kLanes, mp, mx + 1 * kLanes, a01, a11, a21, a31, a41, a51, a61, a71);
+  if constexpr (C > 2) StoreScoreColumn<R, kMax>(df, vscale, st + 2 * kLanes, mp, mx + 2 * kLanes, a02, a12, a22, a32, a42, a52, a62, a72);
+  if constexpr (C > 3) StoreScoreColumn<R, kMax>(df, vscale, st + 3 * kLanes, mp, mx + 3 * kLanes, a03, a13, a23, a33, a43, a53, a63, a73);
 }
 
 // O[r][c * lanes ...] += sum_j P^T[j][r] * V[j][c * lanes ...] for R rows, C vectors, n keys.
@@ -119,33 +165,32 @@ void ScoreTile(const float* kp, const float* qt, int64_t D, float* st, int64_t m
 // (common/cpu_tiles.h, cpu_sum_chunk_keys, says why).
 template <int R, int C>
 void PvTile(const float* p, int64_t mp, const float* vp, int64_t n, float* o, int64_t dvp, const float* o_next) {
+  static_assert(1 <= R && R <= 6, "the named accumulators cover 6 rows");
   const DF df;
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) __builtin_prefetch(o_next + r * dvp + c * kLanes, 1, 3);
+  const VF z = hn::Zero(df);
   for (int64_t j0 = 0; j0 < n; j0 += kSumChunk) {
-    VF acc[R][C];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) acc[r][c] = hn::Zero(df);
+    VF a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z, a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z, a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z;
     const int64_t j1 = std::min(n, j0 + kSumChunk);
     for (int64_t j = j0; j < j1; ++j) {
-      VF vv[C];
-      const float* v = vp + j * kPanelCols;
-      for (int c = 0; c < C; ++c) vv[c] = hn::Load(df, v + c * kLanes);
+      VF v0, v1, v2, v3;
+      LoadRow<C>(df, vp + j * kPanelCols, kLanes, v0, v1, v2, v3);
       const float* pj = p + j * mp;
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const VF pb = hn::Set(df, pj[r]);
-        for (int c = 0; c < C; ++c) acc[r][c] = hn::MulAdd(pb, vv[c], acc[r][c]);
-      }
+      MulAddRow<C>(hn::Set(df, pj[0]), v0, v1, v2, v3, a00, a01, a02, a03);
+      if constexpr (R > 1) MulAddRow<C>(hn::Set(df, pj[1]), v0, v1, v2, v3, a10, a11, a12, a13);
+      if constexpr (R > 2) MulAddRow<C>(hn::Set(df, pj[2]), v0, v1, v2, v3, a20, a21, a22, a23);
+      if constexpr (R > 3) MulAddRow<C>(hn::Set(df, pj[3]), v0, v1, v2, v3, a30, a31, a32, a33);
+      if constexpr (R > 4) MulAddRow<C>(hn::Set(df, pj[4]), v0, v1, v2, v3, a40, a41, a42, a43);
+      if constexpr (R > 5) MulAddRow<C>(hn::Set(df, pj[5]), v0, v1, v2, v3, a50, a51, a52, a53);
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) {
-        float* oc = o + r * dvp + c * kLanes;
-        hn::Store(hn::Add(hn::Load(df, oc), acc[r][c]), df, oc);
-      }
+    AddRowTo<C>(df, o + 0 * dvp, a00, a01, a02, a03);
+    if constexpr (R > 1) AddRowTo<C>(df, o + 1 * dvp, a10, a11, a12, a13);
+    if constexpr (R > 2) AddRowTo<C>(df, o + 2 * dvp, a20, a21, a22, a23);
+    if constexpr (R > 3) AddRowTo<C>(df, o + 3 * dvp, a30, a31, a32, a33);
+    if constexpr (R > 4) AddRowTo<C>(df, o + 4 * dvp, a40, a41, a42, a43);
+    if constexpr (R > 5) AddRowTo<C>(df, o + 5 * dvp, a50, a51, a52, a53);
   }
 }
 
@@ -155,16 +200,20 @@ template <int C>
 void RowPvChunk(const float* p, int64_t mp, const float* vpack, int64_t vstride, int64_t j0, int64_t j1,
                 int64_t v0, float* o) {
   const DF df;
-  const float* vbase[C];
+  const float* vbase[4];
   for (int c = 0; c < C; ++c) vbase[c] = vpack + (v0 + c) / kPvTile.vecs * vstride + (v0 + c) % kPvTile.vecs * kLanes;
+  const VF z = hn::Zero(df);
   for (int64_t k0 = j0; k0 < j1; k0 += kSumChunk) {
-    VF acc[C];
-    for (int c = 0; c < C; ++c) acc[c] = hn::Zero(df);
+    VF a0 = z, a1 = z, a2 = z, a3 = z;
     for (int64_t j = k0; j < std::min(j1, k0 + kSumChunk); ++j) {
       const VF pb = hn::Set(df, p[j * mp]);
-      for (int c = 0; c < C; ++c) acc[c] = hn::MulAdd(pb, hn::Load(df, vbase[c] + j * kPanelCols), acc[c]);
+      const VF x0 = hn::Load(df, vbase[0] + j * kPanelCols);
+      const VF x1 = C > 1 ? hn::Load(df, vbase[1] + j * kPanelCols) : z;
+      const VF x2 = C > 2 ? hn::Load(df, vbase[2] + j * kPanelCols) : z;
+      const VF x3 = C > 3 ? hn::Load(df, vbase[3] + j * kPanelCols) : z;
+      MulAddRow<C>(pb, x0, x1, x2, x3, a0, a1, a2, a3);
     }
-    for (int c = 0; c < C; ++c) hn::Store(hn::Add(hn::Load(df, o + c * kLanes), acc[c]), df, o + c * kLanes);
+    AddRowTo<C>(df, o, a0, a1, a2, a3);
   }
 }
 
