@@ -46,13 +46,18 @@ constexpr int kStepKeys = !kTreeReduce ? 1 : kLanes >= 4 && kWideRegisterFile ? 
 constexpr int kDecodeColVecs = kWideRegisterFile ? 4 : 2;
 
 // Lanes of a's pairwise sums, then b's: one level of the transposed reduction. Applied to
-// neighbours level by level, lanes vectors become one whose lane i is the sum of vector i.
-// (A template found by argument-dependent lookup: the single-lane target has no ConcatEven and
-// never instantiates it.)
+// neighbours level by level, lanes vectors become one whose lane i is the sum of vector i. The
+// single-lane target has no ConcatEven and reduces each key on its own (kTreeReduce): there it
+// is only declared, for the branches if constexpr discards.
+#if HWY_TARGET != HWY_SCALAR
 template <class D>
 HWY_INLINE hn::Vec<D> PairSums(D d, hn::Vec<D> a, hn::Vec<D> b) {
-  return Add(ConcatEven(d, b, a), ConcatOdd(d, b, a));
+  return hn::Add(hn::ConcatEven(d, b, a), hn::ConcatOdd(d, b, a));
 }
+#else
+template <class D>
+hn::Vec<D> PairSums(D d, hn::Vec<D> a, hn::Vec<D> b);
+#endif
 
 // Software prefetch of the next softmax block: a head's K and V rows of block n + 1 (32 x 512
 // bytes at D = 128 in f16) are requested while the same head computes block n, a few lines per
@@ -93,7 +98,8 @@ HWY_INLINE void LoadWideRow(const T* p, int64_t stride, VF& x0, VF& x1, VF& x2, 
 
 // A row's kStepKeys accumulators folded to one vector: lane i sums key i's dot product (a
 // transposed reduction, PairSums level by level).
-HWY_INLINE VF FoldStep(DF df, VF a0, VF a1, VF a2, VF a3) {
+template <class D>
+HWY_INLINE hn::Vec<D> FoldStep(D df, hn::Vec<D> a0, hn::Vec<D> a1, hn::Vec<D> a2, hn::Vec<D> a3) {
   if constexpr (kStepKeys == 4) return PairSums(df, PairSums(df, a0, a1), PairSums(df, a2, a3));
   if constexpr (kStepKeys == 2) return PairSums(df, a0, a1);
   (void)a1, (void)a2, (void)a3;
