@@ -1,9 +1,9 @@
-// libFuzzer entry over the C ABI; the decoding and every invariant live in api_case.h, which the
-// replay test (tests/test_fuzz_regressions.cc) shares.
+// libFuzzer entry over the C ABI; the decoding and every invariant live in
+// tests/support/api_case.h, which the replay test (tests/test_fuzz_regressions.cc) shares.
 #include <cstdio>
 #include <cstdlib>
 
-#include "fuzz/api_case.h"
+#include "tests/support/api_case.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string failure = ioattn::fuzz::run_case(data, size);

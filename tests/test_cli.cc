@@ -245,7 +245,8 @@ TEST_CASE("cli: usage, help and unknown commands", "[cli]") {
   const Result none = run_cli({});
   CHECK(none.code == 2);
   CHECK(none.err.find("usage: ioattn") != std::string::npos);
-  for (const char* cmd : {"demo", "run", "plan", "traffic", "explain", "hw", "bench"}) {
+  // bench's help: "cli: bench ..." ([bench]; a build without benchmarks skips it).
+  for (const char* cmd : {"demo", "run", "plan", "traffic", "explain", "hw"}) {
     const Result r = run_cli({cmd, "--help"});
     INFO(cmd << ": " << r.err);
     CHECK(r.code == 0);
@@ -559,7 +560,12 @@ TEST_CASE("cli: run rejects bad inputs with exit 2, naming the file, creating no
   for (const std::string& f : dir.files()) CHECK(f.find(".ioattn-") == std::string::npos);
 }
 
-TEST_CASE("cli: bench measures flash and standard at one shape", "[cli]") {
+TEST_CASE("cli: bench measures flash and standard at one shape", "[cli][bench]") {
+  const Result help = run_cli({"bench", "--help"});
+  INFO(help.err);
+  CHECK(help.code == 0);
+  CHECK(help.out.find("usage: ioattn bench") != std::string::npos);
+  CHECK(help.err.empty());
   const json j = parse_json(run_cli({"bench", "--heads", "2", "--kv-heads", "1", "--seqlen-q", "96", "--seqlen-k", "80",
                                      "--head-dim", "32", "--causal", "--repeats", "1", "--hw", "host", "--json"}));
   INFO(j.dump(2));
@@ -579,6 +585,19 @@ TEST_CASE("cli: bench measures flash and standard at one shape", "[cli]") {
   expect_usage_error({"bench", "--hw", "zen3"}, {"--hw", "'zen3'", "'host'"});
   expect_usage_error({"bench", "--hw", "host", "--hw", "h200-sxm"}, {"'h200-sxm'"});
 }
+
+#if !IOATTN_TEST_HAVE_BENCH
+// A build without benchmarks (IOATTN_BUILD_BENCH=OFF) keeps the command, which says so: exit 3.
+TEST_CASE("cli: bench in a build without benchmarks is unsupported, exit 3", "[cli]") {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"bench"}, {"bench", "--help"}}) {
+    const Result r = run_cli(args);
+    INFO(r.err);
+    CHECK(r.code == 3);
+    CHECK(r.out.empty());
+    CHECK(r.err == "ioattn bench: this build has no benchmarks (configure with -DIOATTN_BUILD_BENCH=ON)\n");
+  }
+}
+#endif
 
 TEST_CASE("cli: demo plans, runs and checks the embedded workload", "[cli]") {
   const Result r = run_cli({"demo", "--threads", "2"});

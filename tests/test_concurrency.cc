@@ -22,7 +22,7 @@
 #include "common/dtype.h"
 #include "ioattn/ioattn.h"
 #include "tests/catch.h"
-#include "tests/support.h"
+#include "tests/support/support.h"
 
 #if defined(IOATTN_THREADING_OPENMP)
 #include <omp.h>

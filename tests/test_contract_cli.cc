@@ -133,7 +133,8 @@ const std::vector<std::string> kLong = {"--heads", "8", "--kv-heads", "2", "--se
 }  // namespace
 
 TEST_CASE("clisweep: every subcommand answers --help and -h on stdout with exit 0", "[clisweep]") {
-  for (const char* cmd : {"demo", "run", "plan", "traffic", "explain", "hw", "bench"}) {
+  // bench: "clisweep: bench answers ..." ([bench]; a build without benchmarks skips it).
+  for (const char* cmd : {"demo", "run", "plan", "traffic", "explain", "hw"}) {
     for (const char* h : {"--help", "-h"}) {
       const CliResult r = cli({cmd, h});
       INFO(cmd << " " << h << ": " << r.err);
@@ -163,7 +164,7 @@ TEST_CASE("clisweep: every subcommand answers --help and -h on stdout with exit 
 TEST_CASE("clisweep: usage errors on every subcommand: exit 2, one line naming flag and value", "[clisweep]") {
   expect_usage({"--bogus"}, {"'--bogus'"});
   expect_usage({"Plan"}, {"unknown command", "'Plan'"});
-  for (const char* cmd : {"demo", "hw", "bench", "run", "plan", "traffic", "explain"}) {
+  for (const char* cmd : {"demo", "hw", "run", "plan", "traffic", "explain"}) {
     const std::string c = cmd;
     expect_usage({c, "--no-such-flag", "3"}, {"ioattn " + c, "unknown flag", "'--no-such-flag'"});
     expect_usage({c, "-x"}, {"ioattn " + c, "'-x'"});
@@ -173,8 +174,6 @@ TEST_CASE("clisweep: usage errors on every subcommand: exit 2, one line naming f
   expect_usage({"demo", "--threads", "-3"}, {"--threads", "-3"});
   expect_usage({"hw", "--json=yes"}, {"--json", "takes no value"});
   expect_usage({"hw", "extra"}, {"'extra'"});
-  expect_usage({"bench", "--repeats", "many"}, {"--repeats", "'many'"});
-  expect_usage({"bench", "--heads", "1.5"}, {"--heads", "'1.5'"});
   for (const char* cmd : {"plan", "traffic", "explain"}) {
     const std::string c = cmd;
     expect_usage({c, "--batch", "0x10"}, {"--batch", "'0x10'"});
@@ -184,6 +183,22 @@ TEST_CASE("clisweep: usage errors on every subcommand: exit 2, one line naming f
     expect_usage({c, "--hw-file"}, {"--hw-file", "missing value"});
     expect_usage({c, "--json", "--json"}, {"--json", "more than once"});
   }
+}
+
+// bench is built with the benchmarks (IOATTN_BUILD_BENCH): its share of the two sweeps above.
+TEST_CASE("clisweep: bench answers --help and -h, and its usage errors exit 2", "[clisweep][bench]") {
+  for (const char* h : {"--help", "-h"}) {
+    const CliResult r = cli({"bench", h});
+    INFO("bench " << h << ": " << r.err);
+    CHECK(r.code == 0);
+    CHECK(r.err.empty());
+    CHECK(r.out.find("usage: ioattn bench") != std::string::npos);
+    CHECK(r.out.find("exit codes") != std::string::npos);
+  }
+  expect_usage({"bench", "--no-such-flag", "3"}, {"ioattn bench", "unknown flag", "'--no-such-flag'"});
+  expect_usage({"bench", "-x"}, {"ioattn bench", "'-x'"});
+  expect_usage({"bench", "--repeats", "many"}, {"--repeats", "'many'"});
+  expect_usage({"bench", "--heads", "1.5"}, {"--heads", "'1.5'"});
 }
 
 TEST_CASE("clisweep: run's bad flag values exit 2 naming them and create or touch no file", "[clisweep]") {

@@ -1958,7 +1958,7 @@ TEST_CASE("sweep cli: plan, traffic and explain accept every problem flag, f16 a
     CHECK(t.out.find(key) != std::string::npos);
 }
 
-TEST_CASE("sweep cli: bench runs f16 and bf16 storage, GQA and windows", "[sweep][cli]") {
+TEST_CASE("sweep cli: bench runs f16 and bf16 storage, GQA and windows", "[sweep][cli][bench]") {
   Scratch dir;
   for (const char* dtype : {"f16", "bf16"}) {
     const CliResult r = cli(dir, {"bench", "--heads", "4", "--kv-heads", "2", "--seqlen-q", "64", "--seqlen-k", "80",
@@ -1971,7 +1971,7 @@ TEST_CASE("sweep cli: bench runs f16 and bf16 storage, GQA and windows", "[sweep
   }
 }
 
-TEST_CASE("sweep cli: bench reports the peak memory of flash and of standard attention", "[sweep][cli]") {
+TEST_CASE("sweep cli: bench reports the peak memory of flash and of standard attention", "[sweep][cli][bench]") {
   // docs/api.md: bench prints "time, GFLOP/s, % of peak, peak memory" for flash and standard. The peak
   // is what each holds at once: q, k, v and out plus its own scratch (S and P for standard).
   Scratch dir;

@@ -13,7 +13,7 @@
 #include "common/cpu_tiles.h"
 #include "cpu/cpu_backend.h"
 #include "tests/catch.h"
-#include "tests/support.h"
+#include "tests/support/support.h"
 
 using ioattn::DType;
 using ioattn::test::AttnBuffers;

@@ -9,7 +9,7 @@
 #include "common/alloc.h"
 #include "cpu/cpu_backend.h"
 #include "tests/catch.h"
-#include "tests/support.h"
+#include "tests/support/support.h"
 
 using ioattn::DType;
 using ioattn::test::AttnBuffers;

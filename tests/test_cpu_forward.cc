@@ -1,5 +1,5 @@
 // The CPU flash kernel against the fp64 oracle with the FlashAttention-2 tolerance rule
-// (tests/support.h): the shape and feature grid of docs/testing.md, every compiled Highway
+// (tests/support/support.h): the shape and feature grid of docs/testing.md, every compiled Highway
 // target, every dtype, layouts and strides, forced tilings and the C ABI.
 #include <array>
 #include <random>
@@ -7,7 +7,7 @@
 
 #include "cpu/cpu_backend.h"
 #include "tests/catch.h"
-#include "tests/support.h"
+#include "tests/support/support.h"
 
 using ioattn::DType;
 using ioattn::test::AttnBuffers;

@@ -9,7 +9,7 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/threading.h"
 #include "tests/catch.h"
-#include "tests/support.h"
+#include "tests/support/support.h"
 
 #if defined(IOATTN_THREADING_OPENMP)
 #include <omp.h>

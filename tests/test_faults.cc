@@ -17,7 +17,7 @@
 #include "cpu/cpu_backend.h"
 #include "ioattn/ioattn.h"
 #include "tests/catch.h"
-#include "tests/support.h"
+#include "tests/support/support.h"
 
 namespace {
 

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "fuzz/api_case.h"
 #include "ioattn/ioattn.h"
 #include "tests/catch.h"
+#include "tests/support/api_case.h"
 
 namespace fs = std::filesystem;
 

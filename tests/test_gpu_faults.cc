@@ -34,7 +34,7 @@
 #include "common/reference.h"
 #include "ioattn/ioattn.h"
 #include "tests/catch.h"
-#include "tests/support.h"
+#include "tests/support/support.h"
 
 #if IOATTN_HAVE_CUDA
 #include <cuda_runtime.h>

@@ -14,7 +14,7 @@
 #include "common/reference.h"
 #include "ioattn/ioattn.h"
 #include "tests/catch.h"
-#include "tests/support.h"
+#include "tests/support/support.h"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include "common/cpu_tiles.h"
 #include "common/outline.h"
 #include "tests/catch.h"
-#include "tests/support.h"
+#include "tests/support/support.h"
 
 using namespace ioattn;
 using ioattn::test::make_problem;

@@ -11,7 +11,7 @@
 #include "common/planner.h"
 #include "cpu/cpu_backend.h"
 #include "tests/catch.h"
-#include "tests/support.h"
+#include "tests/support/support.h"
 
 using namespace ioattn;
 using ioattn::test::make_problem;

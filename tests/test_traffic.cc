@@ -5,7 +5,7 @@
 #include "common/planner.h"
 #include "common/traffic.h"
 #include "tests/catch.h"
-#include "tests/support.h"
+#include "tests/support/support.h"
 
 using namespace ioattn;
 using ioattn::test::profile;

@@ -1,4 +1,4 @@
-// The measurement parsers (bench/traffic/measured.h) on synthetic text and on the recorded
+// The measurement parsers (tests/support/traffic_samples.h) on synthetic text and on the recorded
 // samples in bench/traffic/samples, and the traffic model against those samples: within ±15%
 // at every (point, boundary), the H200's L2 lookups (lts__t_bytes) included, except the misses
 // docs/traffic.md lists and explains, which are asserted to still miss so the list cannot outlive
@@ -9,8 +9,8 @@
 #include <set>
 #include <string>
 
-#include "bench/traffic/measured.h"
 #include "tests/catch.h"
+#include "tests/support/traffic_samples.h"
 
 using namespace ioattn;
 using namespace ioattn::measured;

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/traffic/measured.h"
+#include "tests/support/traffic_samples.h"
 
 namespace {
 

@@ -10,7 +10,8 @@
 //     lse = -inf, every other row is a convex combination of v (|out| <= max|v|) with finite lse;
 //     the appended slots hold k_new/v_new rounded to the cache dtype;
 //   - the same request with another num_threads gives a bitwise identical arena.
-// Header-only so the libFuzzer target (clang) and the replay test (any compiler) share it.
+// Header-only and Catch2-free (in the test-support layer, ioattn_test_support_core) so the
+// libFuzzer target (fuzz/fuzz_api, clang) and the replay test (any compiler) share it.
 #pragma once
 
 #include <algorithm>

@@ -1,8 +1,8 @@
 // Parsers for measured memory traffic and its pairing with the traffic model (docs/traffic.md):
 // valgrind cachegrind summaries of bench/traffic/traffic_run on one thread, and Nsight Compute
-// CSV of the CUDA forward and of PyTorch's MATH path. Header-only so that the Catch2 test
-// (tests/test_traffic_measured.cc) and the report tool (traffic_report) share it without a
-// library of their own.
+// CSV of the CUDA forward and of PyTorch's MATH path. Header-only and Catch2-free (in the
+// test-support layer, ioattn_test_support_core) so that the Catch2 test
+// (tests/test_traffic_measured.cc) and the report tool (bench/traffic/traffic_report) share it.
 #pragma once
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-#include "tests/support.h"
+#include "tests/support/support.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,8 +6,8 @@
 #include <limits>
 #include <sstream>
 
+#include "common/backend.h"
 #include "common/reference.h"
-#include "cpu/cpu_backend.h"
 #include "hwy/targets.h"
 #include "tests/catch.h"
 
@@ -166,7 +166,7 @@ AttnParams make_params(const AttnCase& c, AttnBuffers& bufs) {
   return p;
 }
 
-Status run_cpu_kernel(const AttnCase& c, AttnBuffers& bufs) { return cpu::forward(make_params(c, bufs)); }
+Status run_cpu_kernel(const AttnCase& c, AttnBuffers& bufs) { return cpu_backend().forward(make_params(c, bufs)); }
 
 ioattn_status run_c_abi(const AttnCase& c, AttnBuffers& bufs) {
   ioattn_options opt;

@@ -1,5 +1,7 @@
 // `ioattn bench`: flash (ioattn_forward) against standard attention with S materialized
 // (bench/lib, OpenBLAS sgemm) at one shape on this machine, against its measured FMA peak.
+// Built with the benchmarks (IOATTN_BUILD_BENCH) into ioattn_bench_cli, which the ioattn
+// executable links; a build without them links tools/bench_unavailable.cc instead.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
