@@ -178,18 +178,24 @@ float ReadStreams(const float* data, size_t n) {
   constexpr size_t kPer = 8 / kStreams;
   const DF df;
   const size_t N = hn::Lanes(df), step = kPer * N, part = n / kStreams / step * step;
-  VF acc[8];
-  for (auto& a : acc) a = hn::Zero(df);
+  // Accumulator j reads part j / kPer at vector j % kPer of the step; named vectors, as scalable
+  // vectors (SVE) cannot form an array.
+  const auto at = [&](size_t j) { return j / kPer * part + j % kPer * N; };
+  const size_t o0 = at(0), o1 = at(1), o2 = at(2), o3 = at(3), o4 = at(4), o5 = at(5), o6 = at(6), o7 = at(7);
+  VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
   for (size_t i = 0; i < part; i += step) {
-    for (size_t s = 0; s < kStreams; ++s) {
-      for (size_t k = 0; k < kPer; ++k) {
-        acc[s * kPer + k] = hn::Add(acc[s * kPer + k], hn::Load(df, data + s * part + i + k * N));
-      }
-    }
+    const float* p = data + i;
+    a0 = hn::Add(a0, hn::Load(df, p + o0));
+    a1 = hn::Add(a1, hn::Load(df, p + o1));
+    a2 = hn::Add(a2, hn::Load(df, p + o2));
+    a3 = hn::Add(a3, hn::Load(df, p + o3));
+    a4 = hn::Add(a4, hn::Load(df, p + o4));
+    a5 = hn::Add(a5, hn::Load(df, p + o5));
+    a6 = hn::Add(a6, hn::Load(df, p + o6));
+    a7 = hn::Add(a7, hn::Load(df, p + o7));
   }
-  for (size_t i = kStreams * part; i + N <= n; i += N) acc[0] = hn::Add(acc[0], hn::Load(df, data + i));
-  VF sum = acc[0];
-  for (size_t k = 1; k < 8; ++k) sum = hn::Add(sum, acc[k]);
+  for (size_t i = kStreams * part; i + N <= n; i += N) a0 = hn::Add(a0, hn::Load(df, data + i));
+  const VF sum = hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
   return hn::GetLane(hn::SumOfLanes(df, sum));
 }
 
