@@ -238,33 +238,11 @@ struct FwdCta {
   const Elem* k_row0;
   const Elem* v_row0;
 
-  __device__ __forceinline__ FwdCta(const AttnParams& p, unsigned char* smem, int64_t b_, int64_t h_,
-                                    const SeqSpan& seq_, int64_t m0_)
-      : sQ(reinterpret_cast<Elem*>(smem)), sK(sQ + BM * P), sV(sK + Stages * BN * P), b(b_), h(h_),
-        seq(seq_), m0(m0_) {
-    hk = kv_head_of(p, h);
-    rows_here = int(seq.seqlen_q - m0 < BM ? seq.seqlen_q - m0 : BM);
-    // visible_keys' begin and end are nondecreasing in the row, so the first and last rows
-    // bound the others.
-    const KeyRange first = visible_keys(p, seq, m0);
-    const KeyRange last = visible_keys(p, seq, m0 + rows_here - 1);
-    n_begin = int(first.begin / BN);
-    n_end = int((last.end + BN - 1) / BN);
-    n_full_begin = int((last.begin + BN - 1) / BN);
-    n_full_end = int(first.end / BN);
-    n_tiles = n_end > n_begin ? n_end - n_begin : 0;
-    k = static_cast<const Elem*>(p.k);
-    v = static_cast<const Elem*>(p.v);
-    k_row0 = p.block_table ? k : k + k_offset(p, b, seq, 0, hk);
-    v_row0 = p.block_table ? v : v + v_offset(p, b, seq, 0, hk);
-  }
-
   // Issues the Q tile and the first Stages - 1 K/V tiles, one commit group each. Query rows,
   // and key rows without a block table, are affine in the row index (the accessors of
   // common/params.h): one accessor call per tile gives row 0 and the rest step by the seq
   // stride. Paged keys go through the accessor row by row.
-  __device__ __forceinline__ void prologue(const AttnParams& p) const {
-    const Elem* q = static_cast<const Elem*>(p.q);
+  __device__ __forceinline__ void prologue(const AttnParams& p, const Elem* q) const {
     load_tile_strided<D, Threads, BM>(sQ, q + q_offset(p, b, seq, m0, h), rows_here, p.q_seq_stride);
     cp_async_commit();
 #pragma unroll
@@ -317,11 +295,13 @@ struct FwdWarp {
   static constexpr int kCopyChunks = kStepCopies ? 2 * kCopyChunksPerTile : 0;
   static constexpr int kCopiesPerKd = (kCopyChunks + D / 16 - 1) / (D / 16);
 
-  const FwdCta<Elem, Shape>& cta;
+  using Cta = FwdCta<Elem, Shape>;
   int warp, lane, g, t, warp_row0;
   ScoreMode mode;
-  float o[MT][OT][4];
-  float row_max[MT][2], row_sum[MT][2];
+  // The warp's output accumulator O, running maxima and row sums: arrays of the kernel's own,
+  // passed in by reference, so that the scalars above stay registers from the start.
+  using OAcc = float[MT][OT][4];
+  using RowVals = float[MT][2];
   // Lane address offsets of the ldmatrix x4 patterns (see primitives.cuh for the fragments):
   // A from Q: row lane % 16, column (lane / 16) * 8; B from K (two n8 tiles, one k16): row
   // (lane % 8) + (lane / 16) * 8, column ((lane / 8) % 2) * 8; B from V, transposed: key row
@@ -330,8 +310,14 @@ struct FwdWarp {
   int k_lane, v_lane;
 
   __device__ __forceinline__ FwdWarp(const AttnParams& p, const FwdCta<Elem, Shape>& c)
-      : cta(c), warp(int(threadIdx.x) / 32), lane(int(threadIdx.x) % 32), g(lane / 4), t(lane % 4),
+      : warp(int(threadIdx.x) / 32), lane(int(threadIdx.x) % 32), g(lane / 4), t(lane % 4),
         warp_row0(warp * Shape::warp_rows), mode(p) {
+    q_lane = smem_addr(c.sQ + (warp_row0 + lane % 16) * P + (lane / 16) * 8);
+    k_lane = ((lane % 8) + (lane / 16) * 8) * P + ((lane / 8) % 2) * 8;
+    v_lane = ((lane % 8) + ((lane / 8) % 2) * 8) * P + (lane / 16) * 8;
+  }
+
+  __device__ __forceinline__ static void clear(OAcc& o, RowVals& row_max, RowVals& row_sum) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -339,9 +325,6 @@ struct FwdWarp {
       row_max[mt][0] = row_max[mt][1] = softmax::neg_inf();
       row_sum[mt][0] = row_sum[mt][1] = 0.f;
     }
-    q_lane = smem_addr(cta.sQ + (warp_row0 + lane % 16) * P + (lane / 16) * 8);
-    k_lane = ((lane % 8) + (lane / 16) * 8) * P + ((lane / 8) % 2) * 8;
-    v_lane = ((lane % 8) + ((lane / 8) % 2) * 8) * P + (lane / 16) * 8;
   }
 
   // S = Q K^T over the tile's keys, with the step's copies issued between the MMAs.
@@ -366,7 +349,7 @@ struct FwdWarp {
 
   // -inf for the keys outside each row's visible range, in a tile (first key n0) that the mask
   // or the sequence end cuts.
-  __device__ __forceinline__ void mask_scores(const AttnParams& p, float (&s)[MT][NT][4], int n0) const {
+  __device__ __forceinline__ void mask_scores(const AttnParams& p, const Cta& cta, float (&s)[MT][NT][4], int n0) const {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -384,8 +367,8 @@ struct FwdWarp {
   // agrees on its max, which reduces pairwise (dependency depth log2(2 * NT) instead of 2 * NT:
   // with two warps per scheduler the chain's latency is not hidden). Sets each row's rescale
   // factor and the m_ref its exponent subtracts; returns the exponent's multiplier k_exp.
-  __device__ __forceinline__ float update_max(float (&s)[MT][NT][4], float k, bool use_fused, float (&factor)[MT][2],
-                                              float (&m_ref)[MT][2]) {
+  __device__ __forceinline__ float update_max(RowVals& row_max, float (&s)[MT][NT][4], float k, bool use_fused,
+                                              float (&factor)[MT][2], float (&m_ref)[MT][2]) const {
     auto exp2_fn = [](float d) { return fast_exp2(d); };
     bool small = true;
 #pragma unroll
@@ -427,8 +410,9 @@ struct FwdWarp {
 
   // The probabilities are exponentiated, summed into the row sums and packed into P V's A
   // fragments.
-  __device__ __forceinline__ void exponentiate(const float (&s)[MT][NT][4], float k_exp, const float (&m_ref)[MT][2],
-                                               const float (&factor)[MT][2], uint32_t (&pa)[BN / 16][MT][4]) {
+  __device__ __forceinline__ void exponentiate(RowVals& row_sum, const float (&s)[MT][NT][4], float k_exp,
+                                               const float (&m_ref)[MT][2], const float (&factor)[MT][2],
+                                               uint32_t (&pa)[BN / 16][MT][4]) const {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -454,7 +438,8 @@ struct FwdWarp {
   // mode (positive scale, no softcap), without the softcap and scale branches; every other
   // combination runs the general form, which tests those flags at run time.
   template <bool Masked, bool FusedOnly, class CopyChunk>
-  __device__ __forceinline__ void step(const AttnParams& p, int tile_index, CopyChunk&& copy_chunk) {
+  __device__ __forceinline__ void step(const AttnParams& p, const Cta& cta, OAcc& o, RowVals& row_max, RowVals& row_sum,
+                                       int tile_index, CopyChunk&& copy_chunk) const {
     const bool use_softcap = !FusedOnly && mode.softcap;
     const bool use_fused = FusedOnly || mode.fused;
     const int buf = tile_index % Stages;
@@ -465,12 +450,12 @@ struct FwdWarp {
     float s[MT][NT][4];
     qk_scores(s, k_base, copy_chunk);
     const float k = mode.to_log2(s, use_softcap, use_fused);
-    if constexpr (Masked) mask_scores(p, s, n0);
+    if constexpr (Masked) mask_scores(p, cta, s, n0);
 
     float factor[MT][2], m_ref[MT][2];
-    const float k_exp = update_max(s, k, use_fused, factor, m_ref);
+    const float k_exp = update_max(row_max, s, k, use_fused, factor, m_ref);
     uint32_t pa[BN / 16][MT][4];
-    exponentiate(s, k_exp, m_ref, factor, pa);
+    exponentiate(row_sum, s, k_exp, m_ref, factor, pa);
     // O takes the rescale factor unconditionally (exactly 1 unless the max grew, so the result
     // is the same as skipping it): a warp-uniform skip branch would split the block in which
     // the compiler overlaps the exponentials with the first MMAs.
@@ -488,7 +473,8 @@ struct FwdWarp {
   // column in the tile being computed and steps them down one block per iteration; with no next
   // tile it re-reads the current one with zero bytes (zero-fill into the buffer that no warp
   // reads any more, which keeps the copies free of a branch). Returns the first tile after it.
-  __device__ __forceinline__ int walk_bulk_with_copies(const AttnParams& p, int ti) {
+  __device__ __forceinline__ int walk_bulk_with_copies(const AttnParams& p, const Cta& cta, OAcc& o, RowVals& row_max,
+                                                   RowVals& row_sum, int ti) const {
     constexpr int R = kCopyRows;
     int tid = int(threadIdx.x);
     asm volatile("" : "+r"(tid));
@@ -507,7 +493,7 @@ struct FwdWarp {
       const uint32_t dst = dst0 + uint32_t((next % Stages) * BN * P * 2);
       const Elem* k_src = exists ? k_cur - (Stages - 1) * k_block : k_cur;
       const Elem* v_src = exists ? v_cur - (Stages - 1) * v_block : v_cur;
-      step<false, true>(p, ti, [&](int c) {
+      step<false, true>(p, cta, o, row_max, row_sum, ti, [&](int c) {
         if (c < kCopyChunksPerTile) {
           cp_async_16(dst + c * R * P * 2, k_src + c * R * p.k_seq_stride, exists);
         } else {
@@ -525,7 +511,7 @@ struct FwdWarp {
   // All tiles. The unmasked bulk in the common mode (fused exponent, affine K/V rows) runs as
   // its own loop, whose step also issues the next tile's copies where the CTA's threads cover
   // whole rows; masked tiles and the other modes copy before the step.
-  __device__ __forceinline__ void walk(const AttnParams& p) {
+  __device__ __forceinline__ void walk(const AttnParams& p, const Cta& cta, OAcc& o, RowVals& row_max, RowVals& row_sum) const {
     const bool hot = mode.fused && !p.block_table;
     auto nothing = [](int) {};
     int ti = 0;
@@ -534,19 +520,19 @@ struct FwdWarp {
       const bool full = n >= cta.n_full_begin && n < cta.n_full_end;
       if (full && hot) {
         if constexpr (kStepCopies) {
-          ti = walk_bulk_with_copies(p, ti);
+          ti = walk_bulk_with_copies(p, cta, o, row_max, row_sum, ti);
         } else {
           for (const int ti_end = cta.n_end - cta.n_full_begin; ti < ti_end; ++ti) {
             cta.next_tile(p, ti);
-            step<false, true>(p, ti, nothing);
+            step<false, true>(p, cta, o, row_max, row_sum, ti, nothing);
           }
         }
       } else {
         cta.next_tile(p, ti);
         if (full)
-          step<false, false>(p, ti, nothing);
+          step<false, false>(p, cta, o, row_max, row_sum, ti, nothing);
         else
-          step<true, false>(p, ti, nothing);
+          step<true, false>(p, cta, o, row_max, row_sum, ti, nothing);
         ++ti;
       }
     }
@@ -555,7 +541,8 @@ struct FwdWarp {
 
   // Normalizes the warp's rows of O by their row sums and stores them, and their log-sum-exp
   // (log2 domain) where asked.
-  __device__ __forceinline__ void store_output(const AttnParams& p) const {
+  __device__ __forceinline__ void store_output(const AttnParams& p, const Cta& cta, const OAcc& o, const RowVals& row_max,
+                                               const RowVals& row_sum) const {
     Elem* out = static_cast<Elem*>(p.out);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -582,20 +569,48 @@ struct FwdWarp {
 template <class Elem, class Shape>
 __global__ void __launch_bounds__(Shape::threads, Shape::min_ctas)
     flash_fwd_kernel(const __grid_constant__ AttnParams p) {
+  using Cta = FwdCta<Elem, Shape>;
+  constexpr int BM = Shape::block_q, BN = Shape::block_kv, P = Shape::pitch;
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
+  Elem* sK = sQ + BM * P;
+  Elem* sV = sK + Shape::stages * BN * P;
+
   const int64_t b = blockIdx.z, h = blockIdx.y;
   // Heaviest query blocks (most visible keys under a causal mask) launch first, so the last wave
   // holds the short ones.
   const int m_block = int(gridDim.x) - 1 - int(blockIdx.x);
   const SeqSpan seq = sequence(p, b);
-  const int64_t m0 = int64_t(m_block) * Shape::block_q;
+  const int64_t m0 = int64_t(m_block) * BM;
   if (m0 >= seq.seqlen_q) return;
+  const int64_t hk = kv_head_of(p, h);
+  const int rows_here = int(seq.seqlen_q - m0 < BM ? seq.seqlen_q - m0 : BM);
 
-  const FwdCta<Elem, Shape> cta(p, smem_raw, b, h, seq, m0);
-  cta.prologue(p);
-  FwdWarp<Elem, Shape> warp(p, cta);
-  warp.walk(p);
-  warp.store_output(p);
+  // visible_keys' begin and end are nondecreasing in the row, so the first and last rows bound
+  // the others.
+  const KeyRange first = visible_keys(p, seq, m0);
+  const KeyRange last = visible_keys(p, seq, m0 + rows_here - 1);
+  const int n_begin = int(first.begin / BN);
+  const int n_end = int((last.end + BN - 1) / BN);
+  const int n_full_begin = int((last.begin + BN - 1) / BN);
+  const int n_full_end = int(first.end / BN);
+  const int n_tiles = n_end > n_begin ? n_end - n_begin : 0;
+
+  const Elem* q = static_cast<const Elem*>(p.q);
+  const Elem* k = static_cast<const Elem*>(p.k);
+  const Elem* v = static_cast<const Elem*>(p.v);
+  const Elem* k_row0 = p.block_table ? k : k + k_offset(p, b, seq, 0, hk);
+  const Elem* v_row0 = p.block_table ? v : v + v_offset(p, b, seq, 0, hk);
+  const Cta cta{sQ, sK, sV, b, h, seq, m0, hk, rows_here, n_begin, n_end, n_full_begin, n_full_end, n_tiles,
+                k, v, k_row0, v_row0};
+  cta.prologue(p, q);
+  using Warp = FwdWarp<Elem, Shape>;
+  const Warp warp(p, cta);
+  float o[Shape::m_tiles][Shape::o_tiles][4];
+  float row_max[Shape::m_tiles][2], row_sum[Shape::m_tiles][2];
+  Warp::clear(o, row_max, row_sum);
+  warp.walk(p, cta, o, row_max, row_sum);
+  warp.store_output(p, cta, o, row_max, row_sum);
 }
 
 // Host side of one instantiation: the tile literals are the instantiation unit's, asserted equal
