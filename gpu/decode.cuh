@@ -68,32 +68,14 @@ struct DecodeCta {
   int n_tiles;
   const Elem* k;
   const Elem* v;
-
-  // Key blocks of this split: the blocks the rows' union [first.begin, last.end) touches, cut
-  // into part.splits near-equal contiguous runs (the split count comes from the plan, the cut
-  // from the sequence: both fixed for a given problem and device).
-  __device__ __forceinline__ DecodeCta(const AttnParams& p, const Partials& part, unsigned char* smem, int split_,
-                                       int64_t hk_, int64_t b_, const SeqSpan& seq_, int group_, int rows_)
-      : sQ(reinterpret_cast<Elem*>(smem)), sK(sQ + Rows * P), sV(sK + Stages * BN * P),
-        split(split_), hk(hk_), b(b_), seq(seq_), group(group_), rows(rows_) {
-    first = visible_keys(p, seq, 0);
-    last = visible_keys(p, seq, seq.seqlen_q - 1);
-    const int64_t blocks_begin = first.begin / BN;
-    const int64_t blocks_end = last.end > first.begin ? (last.end + BN - 1) / BN : blocks_begin;
-    const int64_t blocks = blocks_end - blocks_begin;
-    my_begin = blocks_begin + blocks * split / part.splits;
-    n_tiles = int(blocks_begin + blocks * (split + 1) / part.splits - my_begin);
-    k = static_cast<const Elem*>(p.k);
-    v = static_cast<const Elem*>(p.v);
-  }
+  // Built by the kernel; see there.
 
   // Row r is query r / group of this query head.
   __device__ __forceinline__ int64_t head_of(int r) const { return hk * group + r % group; }
 
   // Issues Q (Rows x D / 8 chunks; padding rows are zero-filled and never stored) and the first
   // Stages - 1 K/V tiles, one commit group each.
-  __device__ __forceinline__ void prologue(const AttnParams& p) const {
-    const Elem* q = static_cast<const Elem*>(p.q);
+  __device__ __forceinline__ void prologue(const AttnParams& p, const Elem* q) const {
     for (int c = int(threadIdx.x); c < Rows * D / 8; c += Threads) {
       const int r = c / (D / 8), col = (c % (D / 8)) * 8;
       const bool valid = r < rows;
@@ -179,34 +161,35 @@ struct DecodeWarp {
   static constexpr int Rows = Shape::rows, BN = Shape::block_kv, P = Shape::pitch, Stages = Shape::stages;
   static constexpr int OT = D / 8;
 
-  const DecodeCta<Elem, D>& cta;
+  using Cta = DecodeCta<Elem, D>;
+  using OAcc = float[OT][4];
   int warp, lane, g, t, kw;
   // Scores in the log2 domain, exactly as the prefill kernel (gpu/sm80/flash_fwd.cuh) takes
   // them: raw scores with a fused exponent FFMA when there is no softcap and the scale is
   // positive, the two-step form when |m| reaches 2^22 (pytorch issue 121558).
   sm80::ScoreMode mode;
-  // Lane g holds rows g and g + 8 of the tile; padding rows take the last real row's keys, so
-  // the masks never see a row without a query.
-  KeyRange row_keys[2];
-  float o[OT][4];
-  float row_max[2], row_sum[2];
+  // The warp's row key ranges, output accumulator O, row maxima and row sums are arrays of the
+  // kernel's own, passed in by reference, so that the scalars here stay registers from the start.
   // ldmatrix x4 lane offsets (primitives.cuh): A from Q rows lane % 16; B from this warp's 16
   // keys, two n8 tiles; V transposed for the P V product.
   uint32_t q_lane;
   int k_lane, v_lane;
 
-  __device__ __forceinline__ DecodeWarp(const AttnParams& p, const DecodeCta<Elem, D>& c)
-      : cta(c), warp(int(threadIdx.x) / 32), lane(int(threadIdx.x) % 32), g(lane / 4), t(lane % 4),
-        kw(warp * Shape::warp_keys), mode(p) {
+  __device__ __forceinline__ DecodeWarp(const AttnParams& p)
+      : warp(int(threadIdx.x) / 32), lane(int(threadIdx.x) % 32), g(lane / 4), t(lane % 4),
+        kw(warp * Shape::warp_keys), mode(p) {}
+
+  // Lane g holds rows g and g + 8 of the tile; padding rows take the last real row's keys, so
+  // the masks never see a row without a query.
+  __device__ __forceinline__ void row_ranges(const AttnParams& p, const Cta& cta, KeyRange (&row_keys)[2]) const {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const int r = g + 8 * hr < cta.rows ? g + 8 * hr : cta.rows - 1;
       row_keys[hr] = visible_keys(p, cta.seq, r / cta.group);
     }
-    row_max[0] = row_max[1] = softmax::neg_inf();
-    row_sum[0] = row_sum[1] = 0.f;
-#pragma unroll
-    for (int d = 0; d < OT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  }
+
+  __device__ __forceinline__ void set_lanes(const Cta& cta) {
     q_lane = sm80::smem_addr(cta.sQ + (lane % 16) * P + (lane / 16) * 8);
     k_lane = (kw + (lane % 8) + (lane / 16) * 8) * P + ((lane / 8) % 2) * 8;
     v_lane = (kw + (lane % 8) + ((lane / 8) % 2) * 8) * P + (lane / 16) * 8;
@@ -214,7 +197,8 @@ struct DecodeWarp {
 
   // -inf for the keys outside each row's visible range, in a tile the mask or the sequence end
   // cuts.
-  __device__ __forceinline__ void mask_scores(float (&s)[2][4], int tile_index) const {
+  __device__ __forceinline__ void mask_scores(const Cta& cta, const KeyRange (&row_keys)[2], float (&s)[2][4],
+                                              int tile_index) const {
     const int64_t n0 = (cta.my_begin + tile_index) * BN + kw;
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
@@ -228,7 +212,8 @@ struct DecodeWarp {
   // Online softmax (common/online_softmax.h): the quad of lanes sharing a row agrees on its
   // max; the row sum stays per lane until the end. Replaces the scores by their
   // probabilities and sets each row's rescale factor.
-  __device__ __forceinline__ void softmax_update(float (&s)[2][4], float kmul, float (&factor)[2]) {
+  __device__ __forceinline__ void softmax_update(float (&row_max)[2], float (&row_sum)[2], float (&s)[2][4], float kmul,
+                                                 float (&factor)[2]) const {
     auto exp2_fn = [](float x) { return sm80::fast_exp2(x); };
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
@@ -264,7 +249,8 @@ struct DecodeWarp {
 
   // One tile: S = Q K^T over the warp's keys, the online softmax, O += P V.
   template <bool Masked>
-  __device__ __forceinline__ void step(int tile_index) {
+  __device__ __forceinline__ void step(const Cta& cta, const KeyRange (&row_keys)[2], OAcc& o, float (&row_max)[2],
+                                       float (&row_sum)[2], int tile_index) const {
     const int buf = tile_index % Stages;
     const uint32_t k_base = sm80::smem_addr(cta.sK + buf * BN * P + k_lane);
     const uint32_t v_base = sm80::smem_addr(cta.sV + buf * BN * P + v_lane);
@@ -279,10 +265,10 @@ struct DecodeWarp {
       Ops::mma(s[1], qa, kb[2], kb[3]);
     }
     const float kmul = mode.to_log2(s, mode.softcap, mode.fused);
-    if constexpr (Masked) mask_scores(s, tile_index);
+    if constexpr (Masked) mask_scores(cta, row_keys, s, tile_index);
 
     float factor[2];
-    softmax_update(s, kmul, factor);
+    softmax_update(row_max, row_sum, s, kmul, factor);
     if (__any_sync(0xffffffffu, factor[0] != 1.f || factor[1] != 1.f)) sm80::rescale_rows(o, factor);
 
     const uint32_t pa[4] = {Ops::pack(s[0][0], s[0][1]), Ops::pack(s[0][2], s[0][3]), Ops::pack(s[1][0], s[1][1]),
@@ -296,7 +282,8 @@ struct DecodeWarp {
     }
   }
 
-  __device__ __forceinline__ void walk(const AttnParams& p) {
+  __device__ __forceinline__ void walk(const AttnParams& p, const Cta& cta, const KeyRange (&row_keys)[2], OAcc& o,
+                                       float (&row_max)[2], float (&row_sum)[2]) const {
     for (int ti = 0; ti < cta.n_tiles; ++ti) {
       sm80::cp_async_wait<Stages - 2>();
       __syncthreads();
@@ -307,14 +294,15 @@ struct DecodeWarp {
       // begin and the first row's end bound them all.
       const int64_t n0 = (cta.my_begin + ti) * BN;
       if (n0 >= cta.last.begin && n0 + BN <= cta.first.end)
-        step<false>(ti);
+        step<false>(cta, row_keys, o, row_max, row_sum, ti);
       else
-        step<true>(ti);
+        step<true>(cta, row_keys, o, row_max, row_sum, ti);
     }
   }
 
   // The warp's rows (row sums reduced over the quad) into the merge scratch, at slot `warp`.
-  __device__ __forceinline__ void stash_state() const {
+  __device__ __forceinline__ void stash_state(const Cta& cta, const OAcc& o, const float (&row_max)[2],
+                                              const float (&row_sum)[2]) const {
     const typename DecodeCta<Elem, D>::Scratch sc = cta.scratch();
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
@@ -335,7 +323,14 @@ struct DecodeWarp {
 template <class Elem, int D>
 __global__ void __launch_bounds__(DecodeShape<D>::threads, DecodeShape<D>::min_ctas)
     decode_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ Partials part) {
+  using Shape = DecodeShape<D>;
+  using Cta = DecodeCta<Elem, D>;
+  constexpr int BN = Shape::block_kv, P = Shape::pitch;
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
+  Elem* sK = sQ + Shape::rows * P;
+  Elem* sV = sK + Shape::stages * BN * P;
+
   const int split = int(blockIdx.x);
   const int64_t hk = blockIdx.y, b = blockIdx.z;
   const SeqSpan seq = sequence(p, b);
@@ -343,14 +338,37 @@ __global__ void __launch_bounds__(DecodeShape<D>::threads, DecodeShape<D>::min_c
   const int rows = group * int(seq.seqlen_q);
   if (rows == 0) return;
 
-  const DecodeCta<Elem, D> cta(p, part, smem_raw, split, hk, b, seq, group, rows);
-  cta.prologue(p);
-  DecodeWarp<Elem, D> warp(p, cta);
-  warp.walk(p);
+  // Key blocks of this split: the blocks the rows' union [first.begin, last.end) touches, cut
+  // into part.splits near-equal contiguous runs (the split count comes from the plan, the cut
+  // from the sequence: both fixed for a given problem and device).
+  const KeyRange first = visible_keys(p, seq, 0);
+  const KeyRange last = visible_keys(p, seq, seq.seqlen_q - 1);
+  const int64_t blocks_begin = first.begin / BN;
+  const int64_t blocks_end = last.end > first.begin ? (last.end + BN - 1) / BN : blocks_begin;
+  const int64_t blocks = blocks_end - blocks_begin;
+  const int64_t my_begin = blocks_begin + blocks * split / part.splits;
+  const int n_tiles = int(blocks_begin + blocks * (split + 1) / part.splits - my_begin);
+
+  const Elem* q = static_cast<const Elem*>(p.q);
+  const Elem* k = static_cast<const Elem*>(p.k);
+  const Elem* v = static_cast<const Elem*>(p.v);
+  const Cta cta{sQ, sK, sV, split, hk, b, seq, group, rows, first, last, my_begin, n_tiles, k, v};
+  cta.prologue(p, q);
+
+  using Warp = DecodeWarp<Elem, D>;
+  Warp warp(p);
+  KeyRange row_keys[2];
+  warp.row_ranges(p, cta, row_keys);
+  float o[D / 8][4];
+  float row_max[2] = {softmax::neg_inf(), softmax::neg_inf()}, row_sum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int d = 0; d < D / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  warp.set_lanes(cta);
+  warp.walk(p, cta, row_keys, o, row_max, row_sum);
   sm80::cp_async_wait<0>();
   __syncthreads();
   // The warps' states go through shared memory and merge in warp order.
-  warp.stash_state();
+  warp.stash_state(cta, o, row_max, row_sum);
   __syncthreads();
   cta.merge_and_store(p, part);
 }
