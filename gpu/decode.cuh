@@ -284,16 +284,19 @@ struct DecodeWarp {
 
   __device__ __forceinline__ void walk(const AttnParams& p, const Cta& cta, const KeyRange (&row_keys)[2], OAcc& o,
                                        float (&row_max)[2], float (&row_sum)[2]) const {
-    for (int ti = 0; ti < cta.n_tiles; ++ti) {
+    const int n_tiles = cta.n_tiles;
+    const int64_t my_begin = cta.my_begin;
+    const KeyRange first = cta.first, last = cta.last;
+    for (int ti = 0; ti < n_tiles; ++ti) {
       sm80::cp_async_wait<Stages - 2>();
       __syncthreads();
       // The buffer refilled here was last read in iteration ti - 1, which every warp has left.
-      if (ti + Stages - 1 < cta.n_tiles) cta.load_kv(p, ti + Stages - 1);
+      if (ti + Stages - 1 < n_tiles) cta.load_kv(p, ti + Stages - 1);
       sm80::cp_async_commit();
       // Whole tile visible to every row: the rows' ranges are nondecreasing, so the last row's
       // begin and the first row's end bound them all.
-      const int64_t n0 = (cta.my_begin + ti) * BN;
-      if (n0 >= cta.last.begin && n0 + BN <= cta.first.end)
+      const int64_t n0 = (my_begin + ti) * BN;
+      if (n0 >= last.begin && n0 + BN <= first.end)
         step<false>(cta, row_keys, o, row_max, row_sum, ti);
       else
         step<true>(cta, row_keys, o, row_max, row_sum, ti);
