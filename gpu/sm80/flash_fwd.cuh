@@ -151,10 +151,11 @@ struct ScoreMode {
   // returns the factor k that the max and the exponent still apply to them.
   template <class Scores>
   __device__ __forceinline__ float to_log2(Scores& s, bool use_softcap, bool use_fused) const {
+    const float mul = score_mul, cap = softcap_log2;
     if (use_softcap)
-      for_each_score(s, [&](float& x) { x = softcap_log2 * tanhf(x * score_mul); });
+      for_each_score(s, [mul, cap](float& x) { x = cap * tanhf(x * mul); });
     else if (!use_fused)
-      for_each_score(s, [&](float& x) { x *= score_mul; });
+      for_each_score(s, [mul](float& x) { x *= mul; });
     return use_fused ? score_mul : 1.f;
   }
 };
