@@ -315,7 +315,7 @@ struct DecodeWarp {
         sc.m[warp * Rows + r] = row_max[hr];
         sc.l[warp * Rows + r] = l;
       }
-      float* dst = sc.o + (warp * Rows + r) * D + 2 * t;
+      float* dst = sc.o + ((warp * Rows + r) * D + 2 * t);
 #pragma unroll
       for (int d = 0; d < OT; ++d)
         *reinterpret_cast<float2*>(dst + d * 8) = make_float2(o[d][2 * hr], o[d][2 * hr + 1]);
