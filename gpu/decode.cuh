@@ -68,7 +68,7 @@ struct DecodeCta {
   int n_tiles;
   const Elem* k;
   const Elem* v;
-  // Built by the kernel; see there.
+  // An aggregate: decode_kernel computes the fields, the split's key blocks included.
 
   // Row r is query r / group of this query head.
   __device__ __forceinline__ int64_t head_of(int r) const { return hk * group + r % group; }
@@ -189,6 +189,7 @@ struct DecodeWarp {
     }
   }
 
+  // The ldmatrix lane offsets above; after row_ranges, as the kernel orders them.
   __device__ __forceinline__ void set_lanes(const Cta& cta) {
     q_lane = sm80::smem_addr(cta.sQ + (lane % 16) * P + (lane / 16) * 8);
     k_lane = (kw + (lane % 8) + (lane / 16) * 8) * P + ((lane / 8) % 2) * 8;
@@ -284,6 +285,8 @@ struct DecodeWarp {
 
   __device__ __forceinline__ void walk(const AttnParams& p, const Cta& cta, const KeyRange (&row_keys)[2], OAcc& o,
                                        float (&row_max)[2], float (&row_sum)[2]) const {
+    // The loop bounds are read once, here: read through cta inside the loop, they change where
+    // the compiler places the tile arithmetic.
     const int n_tiles = cta.n_tiles;
     const int64_t my_begin = cta.my_begin;
     const KeyRange first = cta.first, last = cta.last;

@@ -350,7 +350,8 @@ struct FwdWarp {
 
   // -inf for the keys outside each row's visible range, in a tile (first key n0) that the mask
   // or the sequence end cuts.
-  __device__ __forceinline__ void mask_scores(const AttnParams& p, const Cta& cta, float (&s)[MT][NT][4], int n0) const {
+  __device__ __forceinline__ void mask_scores(const AttnParams& p, const Cta& cta, float (&s)[MT][NT][4],
+                                              int n0) const {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -475,7 +476,7 @@ struct FwdWarp {
   // tile it re-reads the current one with zero bytes (zero-fill into the buffer that no warp
   // reads any more, which keeps the copies free of a branch). Returns the first tile after it.
   __device__ __forceinline__ int walk_bulk_with_copies(const AttnParams& p, const Cta& cta, OAcc& o, RowVals& row_max,
-                                                   RowVals& row_sum, int ti) const {
+                                                       RowVals& row_sum, int ti) const {
     constexpr int R = kCopyRows;
     int tid = int(threadIdx.x);
     asm volatile("" : "+r"(tid));
@@ -512,7 +513,8 @@ struct FwdWarp {
   // All tiles. The unmasked bulk in the common mode (fused exponent, affine K/V rows) runs as
   // its own loop, whose step also issues the next tile's copies where the CTA's threads cover
   // whole rows; masked tiles and the other modes copy before the step.
-  __device__ __forceinline__ void walk(const AttnParams& p, const Cta& cta, OAcc& o, RowVals& row_max, RowVals& row_sum) const {
+  __device__ __forceinline__ void walk(const AttnParams& p, const Cta& cta, OAcc& o, RowVals& row_max,
+                                       RowVals& row_sum) const {
     const bool hot = mode.fused && !p.block_table;
     auto nothing = [](int) {};
     int ti = 0;
@@ -542,8 +544,8 @@ struct FwdWarp {
 
   // Normalizes the warp's rows of O by their row sums and stores them, and their log-sum-exp
   // (log2 domain) where asked.
-  __device__ __forceinline__ void store_output(const AttnParams& p, const Cta& cta, const OAcc& o, const RowVals& row_max,
-                                               const RowVals& row_sum) const {
+  __device__ __forceinline__ void store_output(const AttnParams& p, const Cta& cta, const OAcc& o,
+                                               const RowVals& row_max, const RowVals& row_sum) const {
     Elem* out = static_cast<Elem*>(p.out);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
