@@ -46,52 +46,51 @@ struct DecodeShape {
                 "merge scratch must fit in the K/V stages");
 };
 
+// The CTA's share of the problem: the G x Sq query rows that read kv head hk of sequence b, the
+// key blocks of its split, and its shared tiles (Q, then `stages` K buffers, then as many V
+// buffers).
 template <class Elem, int D>
-__global__ void __launch_bounds__(DecodeShape<D>::threads, DecodeShape<D>::min_ctas)
-    decode_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ Partials part) {
+struct DecodeCta {
   using Shape = DecodeShape<D>;
-  using Ops = sm80::ElemOps<Elem>;
-  constexpr int Rows = Shape::rows, BN = Shape::block_kv, P = Shape::pitch, Threads = Shape::threads;
-  constexpr int Stages = Shape::stages, Warps = Shape::warps, OT = D / 8;
+  static constexpr int Rows = Shape::rows, BN = Shape::block_kv, P = Shape::pitch, Threads = Shape::threads;
+  static constexpr int Stages = Shape::stages, Warps = Shape::warps;
 
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
-  Elem* sK = sQ + Rows * P;
-  Elem* sV = sK + Stages * BN * P;
+  Elem* sQ;
+  Elem* sK;
+  Elem* sV;
+  int split;
+  int64_t hk, b;
+  SeqSpan seq;
+  int group, rows;
+  // The visible key ranges of the first and the last row, which bound all rows' ranges.
+  KeyRange first, last;
+  int64_t my_begin;  // first key block of this split
+  int n_tiles;
+  const Elem* k;
+  const Elem* v;
+  // An aggregate: decode_kernel computes the fields, the split's key blocks included.
 
-  const int split = int(blockIdx.x);
-  const int64_t hk = blockIdx.y, b = blockIdx.z;
-  const SeqSpan seq = sequence(p, b);
-  const int group = int(p.heads_q / p.heads_kv);
-  const int rows = group * int(seq.seqlen_q);
-  if (rows == 0) return;
-  auto head_of = [&](int r) { return hk * group + r % group; };
+  // Row r is query r / group of this query head.
+  __device__ __forceinline__ int64_t head_of(int r) const { return hk * group + r % group; }
 
-  // Key blocks of this split: the blocks the rows' union [first.begin, last.end) touches, cut
-  // into part.splits near-equal contiguous runs (the split count comes from the plan, the cut
-  // from the sequence: both fixed for a given problem and device).
-  const KeyRange first = visible_keys(p, seq, 0);
-  const KeyRange last = visible_keys(p, seq, seq.seqlen_q - 1);
-  const int64_t blocks_begin = first.begin / BN;
-  const int64_t blocks_end = last.end > first.begin ? (last.end + BN - 1) / BN : blocks_begin;
-  const int64_t blocks = blocks_end - blocks_begin;
-  const int64_t my_begin = blocks_begin + blocks * split / part.splits;
-  const int n_tiles = int(blocks_begin + blocks * (split + 1) / part.splits - my_begin);
-
-  const Elem* q = static_cast<const Elem*>(p.q);
-  const Elem* k = static_cast<const Elem*>(p.k);
-  const Elem* v = static_cast<const Elem*>(p.v);
-
-  // Q: Rows x D / 8 chunks; padding rows are zero-filled and never stored.
-  for (int c = int(threadIdx.x); c < Rows * D / 8; c += Threads) {
-    const int r = c / (D / 8), col = (c % (D / 8)) * 8;
-    const bool valid = r < rows;
-    const Elem* src = valid ? q + q_offset(p, b, seq, r / group, head_of(r)) + col : q;
-    sm80::cp_async_16(sm80::smem_addr(sQ + r * P + col), src, valid);
+  // Issues Q (Rows x D / 8 chunks; padding rows are zero-filled and never stored) and the first
+  // Stages - 1 K/V tiles, one commit group each.
+  __device__ __forceinline__ void prologue(const AttnParams& p, const Elem* q) const {
+    for (int c = int(threadIdx.x); c < Rows * D / 8; c += Threads) {
+      const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+      const bool valid = r < rows;
+      const Elem* src = valid ? q + q_offset(p, b, seq, r / group, head_of(r)) + col : q;
+      sm80::cp_async_16(sm80::smem_addr(sQ + r * P + col), src, valid);
+    }
+    sm80::cp_async_commit();
+#pragma unroll
+    for (int s = 0; s < Stages - 1; ++s) {
+      if (s < n_tiles) load_kv(p, s);
+      sm80::cp_async_commit();
+    }
   }
-  sm80::cp_async_commit();
 
-  auto load_kv = [&](int tile_index) {
+  __device__ __forceinline__ void load_kv(const AttnParams& p, int tile_index) const {
     const int buf = tile_index % Stages;
     const int64_t n0 = (my_begin + tile_index) * BN;
     const int valid = int(seq.seqlen_k - n0 < BN ? seq.seqlen_k - n0 : BN);
@@ -106,106 +105,127 @@ __global__ void __launch_bounds__(DecodeShape<D>::threads, DecodeShape<D>::min_c
       sm80::load_tile<D, Threads, BN>(v_dst, v + v_offset(p, b, seq, n0, hk), valid,
                                       [&](int r) { return int64_t(r) * p.v_seq_stride; });
     }
-  };
-#pragma unroll
-  for (int s = 0; s < Stages - 1; ++s) {
-    if (s < n_tiles) load_kv(s);
-    sm80::cp_async_commit();
   }
 
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  const int g = lane / 4, t = lane % 4;
-  const int kw = warp * Shape::warp_keys;
+  // After the walk the K/V stages are free and hold the warps' (O, m, l) states for the merge.
+  struct Scratch {
+    float* o;
+    float* m;
+    float* l;
+  };
+  __device__ __forceinline__ Scratch scratch() const {
+    float* sO = reinterpret_cast<float*>(sK);
+    float* sM = sO + Warps * Rows * D;
+    return {sO, sM, sM + Warps * Rows};
+  }
 
+  // Merges the warps' states in warp order with the header's merge rule and writes either the
+  // output and its log-sum-exp (one split) or this split's (O, m, l) partial.
+  __device__ __forceinline__ void merge_and_store(const AttnParams& p, const Partials& part) const {
+    const Scratch sc = scratch();
+    auto exp2_fn = [](float x) { return sm80::fast_exp2(x); };
+    Elem* out = static_cast<Elem*>(p.out);
+    const int64_t partial_row = ((int64_t(split) * gridDim.z + b) * gridDim.y + hk) * Rows;
+    for (int e = int(threadIdx.x); e < rows * D; e += Threads) {
+      const int r = e / D, c = e % D;
+      float m = softmax::neg_inf(), l = 0.f, acc = 0.f;
+#pragma unroll
+      for (int w = 0; w < Warps; ++w) {
+        const softmax::MergeWeights mw = softmax::merge(m, l, sc.m[w * Rows + r], sc.l[w * Rows + r], exp2_fn);
+        acc = acc * mw.weight_a + sc.o[(w * Rows + r) * D + c] * mw.weight_b;
+        m = mw.m;
+        l = mw.l;
+      }
+      if (part.splits == 1) {
+        const int64_t i = r / group, h = head_of(r);
+        out[o_offset(p, b, seq, i, h) + c] = from_f32<Elem>(acc * softmax::output_scale(l));
+        if (p.lse && c == 0)
+          p.lse[lse_offset(p, b, seq, i, h)] = softmax::row_lse(softmax::max_for_exp(m), l, softmax::Domain::log2);
+      } else {
+        part.o[(partial_row + r) * D + c] = acc;
+        if (c == 0) {
+          part.m[partial_row + r] = m;
+          part.l[partial_row + r] = l;
+        }
+      }
+    }
+  }
+};
+
+// One warp's walk: it takes 16 keys of every tile (keys kw .. kw + 15) against all the CTA's
+// rows and keeps its own online-softmax state (O, row max, row sums) over them in registers.
+template <class Elem, int D>
+struct DecodeWarp {
+  using Shape = DecodeShape<D>;
+  using Ops = sm80::ElemOps<Elem>;
+  static constexpr int Rows = Shape::rows, BN = Shape::block_kv, P = Shape::pitch, Stages = Shape::stages;
+  static constexpr int OT = D / 8;
+
+  using Cta = DecodeCta<Elem, D>;
+  using OAcc = float[OT][4];
+  int warp, lane, g, t, kw;
   // Scores in the log2 domain, exactly as the prefill kernel (gpu/sm80/flash_fwd.cuh) takes
   // them: raw scores with a fused exponent FFMA when there is no softcap and the scale is
   // positive, the two-step form when |m| reaches 2^22 (pytorch issue 121558).
-  const bool softcap = p.softcap > 0.f;
-  const bool fused = !softcap && p.scale > 0.f;
-  const float score_mul = softcap ? p.scale / p.softcap : p.scale * softmax::kLog2e;
-  const float softcap_log2 = p.softcap * softmax::kLog2e;
-  constexpr float kFusedLimit = 4194304.f;  // 2^22
-
-  // Lane g holds rows g and g + 8 of the tile; padding rows take the last real row's keys, so
-  // the masks below never see a row without a query.
-  KeyRange row_keys[2];
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const int r = g + 8 * hr < rows ? g + 8 * hr : rows - 1;
-    row_keys[hr] = visible_keys(p, seq, r / group);
-  }
-
-  float o[OT][4];
-  float row_max[2] = {softmax::neg_inf(), softmax::neg_inf()}, row_sum[2] = {0.f, 0.f};
-#pragma unroll
-  for (int d = 0; d < OT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-
+  sm80::ScoreMode mode;
+  // The warp's row key ranges, output accumulator O, row maxima and row sums are arrays of the
+  // kernel's own, passed in by reference, so that the scalars here stay registers from the start.
   // ldmatrix x4 lane offsets (primitives.cuh): A from Q rows lane % 16; B from this warp's 16
   // keys, two n8 tiles; V transposed for the P V product.
-  const uint32_t q_lane = sm80::smem_addr(sQ + (lane % 16) * P + (lane / 16) * 8);
-  const int k_lane = (kw + (lane % 8) + (lane / 16) * 8) * P + ((lane / 8) % 2) * 8;
-  const int v_lane = (kw + (lane % 8) + ((lane / 8) % 2) * 8) * P + (lane / 16) * 8;
+  uint32_t q_lane;
+  int k_lane, v_lane;
 
-  auto step = [&](int tile_index, auto masked_tag) {
-    constexpr bool Masked = decltype(masked_tag)::value;
-    const int buf = tile_index % Stages;
-    const uint32_t k_base = sm80::smem_addr(sK + buf * BN * P + k_lane);
-    const uint32_t v_base = sm80::smem_addr(sV + buf * BN * P + v_lane);
+  __device__ __forceinline__ DecodeWarp(const AttnParams& p)
+      : warp(int(threadIdx.x) / 32), lane(int(threadIdx.x) % 32), g(lane / 4), t(lane % 4),
+        kw(warp * Shape::warp_keys), mode(p) {}
 
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+  // Lane g holds rows g and g + 8 of the tile; padding rows take the last real row's keys, so
+  // the masks never see a row without a query.
+  __device__ __forceinline__ void row_ranges(const AttnParams& p, const Cta& cta, KeyRange (&row_keys)[2]) const {
 #pragma unroll
-    for (int kd = 0; kd < D / 16; ++kd) {
-      uint32_t qa[4], kb[4];
-      sm80::ldmatrix_x4(qa, q_lane + kd * 16 * 2);
-      sm80::ldmatrix_x4(kb, k_base + kd * 16 * 2);
-      Ops::mma(s[0], qa, kb[0], kb[1]);
-      Ops::mma(s[1], qa, kb[2], kb[3]);
+    for (int hr = 0; hr < 2; ++hr) {
+      const int r = g + 8 * hr < cta.rows ? g + 8 * hr : cta.rows - 1;
+      row_keys[hr] = visible_keys(p, cta.seq, r / cta.group);
     }
-    if (softcap) {
-#pragma unroll
-      for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] = softcap_log2 * tanhf(s[n][e] * score_mul);
-    } else if (!fused) {
-#pragma unroll
-      for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] *= score_mul;
-    }
-    const float kmul = fused ? score_mul : 1.f;
+  }
 
-    if constexpr (Masked) {
-      const int64_t n0 = (my_begin + tile_index) * BN + kw;
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int64_t lo64 = row_keys[hr].begin - n0, hi64 = row_keys[hr].end - n0;
-        const int lo = int(lo64 < 0 ? 0 : lo64 > 16 ? 16 : lo64);
-        const int hi = int(hi64 < 0 ? 0 : hi64 > 16 ? 16 : hi64);
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = n * 8 + 2 * t + e;
-            if (col < lo || col >= hi) s[n][2 * hr + e] = softmax::neg_inf();
-          }
-      }
-    }
+  // The ldmatrix lane offsets above; after row_ranges, as the kernel orders them.
+  __device__ __forceinline__ void set_lanes(const Cta& cta) {
+    q_lane = sm80::smem_addr(cta.sQ + (lane % 16) * P + (lane / 16) * 8);
+    k_lane = (kw + (lane % 8) + (lane / 16) * 8) * P + ((lane / 8) % 2) * 8;
+    v_lane = (kw + (lane % 8) + ((lane / 8) % 2) * 8) * P + (lane / 16) * 8;
+  }
 
-    // Online softmax (common/online_softmax.h): the quad of lanes sharing a row agrees on its
-    // max; the row sum stays per lane until the end.
+  // -inf for the keys outside each row's visible range, in a tile the mask or the sequence end
+  // cuts.
+  __device__ __forceinline__ void mask_scores(const Cta& cta, const KeyRange (&row_keys)[2], float (&s)[2][4],
+                                              int tile_index) const {
+    const int64_t n0 = (cta.my_begin + tile_index) * BN + kw;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int64_t lo64 = row_keys[hr].begin - n0, hi64 = row_keys[hr].end - n0;
+      const int lo = int(lo64 < 0 ? 0 : lo64 > 16 ? 16 : lo64);
+      const int hi = int(hi64 < 0 ? 0 : hi64 > 16 ? 16 : hi64);
+      sm80::mask_outside(s, hr, t, lo, hi);
+    }
+  }
+
+  // Online softmax (common/online_softmax.h): the quad of lanes sharing a row agrees on its
+  // max; the row sum stays per lane until the end. Replaces the scores by their
+  // probabilities and sets each row's rescale factor.
+  __device__ __forceinline__ void softmax_update(float (&row_max)[2], float (&row_sum)[2], float (&s)[2][4], float kmul,
+                                                 float (&factor)[2]) const {
     auto exp2_fn = [](float x) { return sm80::fast_exp2(x); };
-    float factor[2];
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       float m = fmaxf(fmaxf(s[0][2 * hr], s[0][2 * hr + 1]), fmaxf(s[1][2 * hr], s[1][2 * hr + 1])) * kmul;
       m = fmaxf(row_max[hr], m);
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      m = sm80::quad_max(m);
       factor[hr] = softmax::rescale_factor(row_max[hr], m, exp2_fn);
       row_max[hr] = m;
     }
-    const bool small =
-        fabsf(softmax::max_for_exp(row_max[0])) < kFusedLimit && fabsf(softmax::max_for_exp(row_max[1])) < kFusedLimit;
+    const bool small = fabsf(softmax::max_for_exp(row_max[0])) < sm80::ScoreMode::kFusedLimit &&
+                       fabsf(softmax::max_for_exp(row_max[1])) < sm80::ScoreMode::kFusedLimit;
     auto exponentiate = [&](auto arg) {
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
@@ -222,19 +242,35 @@ __global__ void __launch_bounds__(DecodeShape<D>::threads, DecodeShape<D>::min_c
         row_sum[hr] = row_sum[hr] * factor[hr] + sum;
       }
     };
-    if (fused && __all_sync(0xffffffffu, small))
+    if (mode.fused && __all_sync(0xffffffffu, small))
       exponentiate([kmul](float x, float m_ref) { return fmaf(x, kmul, -m_ref); });
     else  // __fmul_rn: rounded like the max, never contracted into an FMA
       exponentiate([kmul](float x, float m_ref) { return __fmul_rn(x, kmul) - m_ref; });
-    if (__any_sync(0xffffffffu, factor[0] != 1.f || factor[1] != 1.f)) {
+  }
+
+  // One tile: S = Q K^T over the warp's keys, the online softmax, O += P V.
+  template <bool Masked>
+  __device__ __forceinline__ void step(const Cta& cta, const KeyRange (&row_keys)[2], OAcc& o, float (&row_max)[2],
+                                       float (&row_sum)[2], int tile_index) const {
+    const int buf = tile_index % Stages;
+    const uint32_t k_base = sm80::smem_addr(cta.sK + buf * BN * P + k_lane);
+    const uint32_t v_base = sm80::smem_addr(cta.sV + buf * BN * P + v_lane);
+
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-      for (int d = 0; d < OT; ++d) {
-        o[d][0] *= factor[0];
-        o[d][1] *= factor[0];
-        o[d][2] *= factor[1];
-        o[d][3] *= factor[1];
-      }
+    for (int kd = 0; kd < D / 16; ++kd) {
+      uint32_t qa[4], kb[4];
+      sm80::ldmatrix_x4(qa, q_lane + kd * 16 * 2);
+      sm80::ldmatrix_x4(kb, k_base + kd * 16 * 2);
+      Ops::mma(s[0], qa, kb[0], kb[1]);
+      Ops::mma(s[1], qa, kb[2], kb[3]);
     }
+    const float kmul = mode.to_log2(s, mode.softcap, mode.fused);
+    if constexpr (Masked) mask_scores(cta, row_keys, s, tile_index);
+
+    float factor[2];
+    softmax_update(row_max, row_sum, s, kmul, factor);
+    if (__any_sync(0xffffffffu, factor[0] != 1.f || factor[1] != 1.f)) sm80::rescale_rows(o, factor);
 
     const uint32_t pa[4] = {Ops::pack(s[0][0], s[0][1]), Ops::pack(s[0][2], s[0][3]), Ops::pack(s[1][0], s[1][1]),
                             Ops::pack(s[1][2], s[1][3])};
@@ -245,71 +281,102 @@ __global__ void __launch_bounds__(DecodeShape<D>::threads, DecodeShape<D>::min_c
       Ops::mma(o[2 * dp], pa, vb[0], vb[1]);
       Ops::mma(o[2 * dp + 1], pa, vb[2], vb[3]);
     }
-  };
-
-  for (int ti = 0; ti < n_tiles; ++ti) {
-    sm80::cp_async_wait<Stages - 2>();
-    __syncthreads();
-    // The buffer refilled here was last read in iteration ti - 1, which every warp has left.
-    if (ti + Stages - 1 < n_tiles) load_kv(ti + Stages - 1);
-    sm80::cp_async_commit();
-    // Whole tile visible to every row: the rows' ranges are nondecreasing, so the last row's
-    // begin and the first row's end bound them all.
-    const int64_t n0 = (my_begin + ti) * BN;
-    if (n0 >= last.begin && n0 + BN <= first.end)
-      step(ti, std::false_type{});
-    else
-      step(ti, std::true_type{});
   }
+
+  __device__ __forceinline__ void walk(const AttnParams& p, const Cta& cta, const KeyRange (&row_keys)[2], OAcc& o,
+                                       float (&row_max)[2], float (&row_sum)[2]) const {
+    // The loop bounds are read once, here: read through cta inside the loop, they change where
+    // the compiler places the tile arithmetic.
+    const int n_tiles = cta.n_tiles;
+    const int64_t my_begin = cta.my_begin;
+    const KeyRange first = cta.first, last = cta.last;
+    for (int ti = 0; ti < n_tiles; ++ti) {
+      sm80::cp_async_wait<Stages - 2>();
+      __syncthreads();
+      // The buffer refilled here was last read in iteration ti - 1, which every warp has left.
+      if (ti + Stages - 1 < n_tiles) cta.load_kv(p, ti + Stages - 1);
+      sm80::cp_async_commit();
+      // Whole tile visible to every row: the rows' ranges are nondecreasing, so the last row's
+      // begin and the first row's end bound them all.
+      const int64_t n0 = (my_begin + ti) * BN;
+      if (n0 >= last.begin && n0 + BN <= first.end)
+        step<false>(cta, row_keys, o, row_max, row_sum, ti);
+      else
+        step<true>(cta, row_keys, o, row_max, row_sum, ti);
+    }
+  }
+
+  // The warp's rows (row sums reduced over the quad) into the merge scratch, at slot `warp`.
+  __device__ __forceinline__ void stash_state(const Cta& cta, const OAcc& o, const float (&row_max)[2],
+                                              const float (&row_sum)[2]) const {
+    const typename DecodeCta<Elem, D>::Scratch sc = cta.scratch();
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int r = g + 8 * hr;
+      const float l = sm80::quad_sum(row_sum[hr]);
+      if (t == 0) {
+        sc.m[warp * Rows + r] = row_max[hr];
+        sc.l[warp * Rows + r] = l;
+      }
+      float* dst = sc.o + ((warp * Rows + r) * D + 2 * t);
+#pragma unroll
+      for (int d = 0; d < OT; ++d)
+        *reinterpret_cast<float2*>(dst + d * 8) = make_float2(o[d][2 * hr], o[d][2 * hr + 1]);
+    }
+  }
+};
+
+template <class Elem, int D>
+__global__ void __launch_bounds__(DecodeShape<D>::threads, DecodeShape<D>::min_ctas)
+    decode_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ Partials part) {
+  using Shape = DecodeShape<D>;
+  using Cta = DecodeCta<Elem, D>;
+  constexpr int BN = Shape::block_kv, P = Shape::pitch;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
+  Elem* sK = sQ + Shape::rows * P;
+  Elem* sV = sK + Shape::stages * BN * P;
+
+  const int split = int(blockIdx.x);
+  const int64_t hk = blockIdx.y, b = blockIdx.z;
+  const SeqSpan seq = sequence(p, b);
+  const int group = int(p.heads_q / p.heads_kv);
+  const int rows = group * int(seq.seqlen_q);
+  if (rows == 0) return;
+
+  // Key blocks of this split: the blocks the rows' union [first.begin, last.end) touches, cut
+  // into part.splits near-equal contiguous runs (the split count comes from the plan, the cut
+  // from the sequence: both fixed for a given problem and device).
+  const KeyRange first = visible_keys(p, seq, 0);
+  const KeyRange last = visible_keys(p, seq, seq.seqlen_q - 1);
+  const int64_t blocks_begin = first.begin / BN;
+  const int64_t blocks_end = last.end > first.begin ? (last.end + BN - 1) / BN : blocks_begin;
+  const int64_t blocks = blocks_end - blocks_begin;
+  const int64_t my_begin = blocks_begin + blocks * split / part.splits;
+  const int n_tiles = int(blocks_begin + blocks * (split + 1) / part.splits - my_begin);
+
+  const Elem* q = static_cast<const Elem*>(p.q);
+  const Elem* k = static_cast<const Elem*>(p.k);
+  const Elem* v = static_cast<const Elem*>(p.v);
+  const Cta cta{sQ, sK, sV, split, hk, b, seq, group, rows, first, last, my_begin, n_tiles, k, v};
+  cta.prologue(p, q);
+
+  using Warp = DecodeWarp<Elem, D>;
+  Warp warp(p);
+  KeyRange row_keys[2];
+  warp.row_ranges(p, cta, row_keys);
+  float o[D / 8][4];
+  float row_max[2] = {softmax::neg_inf(), softmax::neg_inf()}, row_sum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int d = 0; d < D / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  warp.set_lanes(cta);
+  warp.walk(p, cta, row_keys, o, row_max, row_sum);
   sm80::cp_async_wait<0>();
   __syncthreads();
-
-  // The warps' states through shared memory (the K/V stages are free now), merged in warp order.
-  float* sO = reinterpret_cast<float*>(sK);
-  float* sM = sO + Warps * Rows * D;
-  float* sL = sM + Warps * Rows;
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const int r = g + 8 * hr;
-    float l = row_sum[hr];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (t == 0) {
-      sM[warp * Rows + r] = row_max[hr];
-      sL[warp * Rows + r] = l;
-    }
-    float* dst = sO + (warp * Rows + r) * D + 2 * t;
-#pragma unroll
-    for (int d = 0; d < OT; ++d) *reinterpret_cast<float2*>(dst + d * 8) = make_float2(o[d][2 * hr], o[d][2 * hr + 1]);
-  }
+  // The warps' states go through shared memory and merge in warp order.
+  warp.stash_state(cta, o, row_max, row_sum);
   __syncthreads();
-
-  auto exp2_fn = [](float x) { return sm80::fast_exp2(x); };
-  Elem* out = static_cast<Elem*>(p.out);
-  const int64_t partial_row = ((int64_t(split) * gridDim.z + b) * gridDim.y + hk) * Rows;
-  for (int e = int(threadIdx.x); e < rows * D; e += Threads) {
-    const int r = e / D, c = e % D;
-    float m = softmax::neg_inf(), l = 0.f, acc = 0.f;
-#pragma unroll
-    for (int w = 0; w < Warps; ++w) {
-      const softmax::MergeWeights mw = softmax::merge(m, l, sM[w * Rows + r], sL[w * Rows + r], exp2_fn);
-      acc = acc * mw.weight_a + sO[(w * Rows + r) * D + c] * mw.weight_b;
-      m = mw.m;
-      l = mw.l;
-    }
-    if (part.splits == 1) {
-      const int64_t i = r / group, h = head_of(r);
-      out[o_offset(p, b, seq, i, h) + c] = from_f32<Elem>(acc * softmax::output_scale(l));
-      if (p.lse && c == 0)
-        p.lse[lse_offset(p, b, seq, i, h)] = softmax::row_lse(softmax::max_for_exp(m), l, softmax::Domain::log2);
-    } else {
-      part.o[(partial_row + r) * D + c] = acc;
-      if (c == 0) {
-        part.m[partial_row + r] = m;
-        part.l[partial_row + r] = l;
-      }
-    }
-  }
+  cta.merge_and_store(p, part);
 }
 
 template <class Elem, int D>

@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace ioattn::gpu::sm80 {
 
@@ -56,39 +57,44 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// Storage element traits: the packed pair conversion (round to nearest even, as the contract
-// asks) and the matching tensor-core instruction.
+// The packed pair conversion of a storage element type, rounding to nearest even as the
+// contract asks.
 template <class Elem>
-struct ElemOps;
-
+struct ElemPair;
 template <>
-struct ElemOps<__nv_bfloat16> {
+struct ElemPair<__nv_bfloat16> {
+  __device__ __forceinline__ static __nv_bfloat162 round(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+};
+template <>
+struct ElemPair<__half> {
+  __device__ __forceinline__ static __half2 round(float lo, float hi) { return __floats2half2_rn(lo, hi); }
+};
+
+// D += A B on the tensor cores, fp32 accumulate; AB is the PTX type of A and B ("bf16", "f16"),
+// which an asm string cannot take from a template argument.
+#define IOATTN_SM80_MMA_M16N8K16(AB)                                                                  \
+  asm("mma.sync.aligned.m16n8k16.row.col.f32." AB "." AB ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, " \
+      "{%8, %9}, {%0, %1, %2, %3};\n"                                                                \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+
+// Storage element traits: the packed pair as one 32-bit register, and the matching
+// tensor-core instruction.
+template <class Elem>
+struct ElemOps {
+  static_assert(std::is_same_v<Elem, __nv_bfloat16> || std::is_same_v<Elem, __half>, "bf16 or f16 storage");
   __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    auto v = ElemPair<Elem>::round(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   }
   __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    if constexpr (std::is_same_v<Elem, __nv_bfloat16>)
+      IOATTN_SM80_MMA_M16N8K16("bf16");
+    else
+      IOATTN_SM80_MMA_M16N8K16("f16");
   }
 };
 
-template <>
-struct ElemOps<__half> {
-  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
+#undef IOATTN_SM80_MMA_M16N8K16
 
 }  // namespace ioattn::gpu::sm80
