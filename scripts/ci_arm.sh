@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # AArch64: cross-builds the library, the CLI and the CPU tests with Debian's cross compiler
 # against arm64 multiarch packages, and runs the tests under qemu-user. On AArch64 the kernels are
-# compiled for NEON only (AArch64's baseline, so Highway builds no scalar fallback there; SVE is
-# not compiled: CMakeLists.txt says why). Installs what it needs, as root.
+# compiled for NEON (AArch64's baseline, so Highway builds no scalar fallback there) and for the
+# fixed-width SVE_256 and SVE2_128 targets (CMakeLists.txt says why not the scalable ones); qemu's
+# SVE vector length picks which one runs. Installs what it needs, as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { printf '\n==== %s ====\n' "$*"; }
@@ -35,3 +36,20 @@ cmake --build build-arm -j "$(nproc)" --target ioattn_cli $arm_tests
 ctest --test-dir build-arm --output-on-failure --no-tests=error -j "$(nproc)" -R "^($(echo $arm_tests | tr ' ' '|'))\$"
 qemu-aarch64 -L / build-arm/tools/ioattn hw | grep -q "Highway target NEON" ||
   { echo "ci_arm: the aarch64 host profile does not report the NEON target" >&2; exit 1; }
+
+# The SVE targets: qemu's default SVE length (512 bits) matches neither, so the runs above were
+# NEON. A 128-bit length dispatches SVE2_128 (Neoverse V2, N2) and 256 bits SVE_256 (Neoverse V1);
+# the suites that loop over every supported target then run it beside NEON. Emulated SVE is
+# slow at 256 bits, so that length runs the non-finite and edge sweeps only.
+sve_run() {
+  local bytes=$1 target=$2
+  shift 2
+  QEMU_CPU="max,sve-default-vector-length=$bytes" qemu-aarch64 -L / build-arm/tools/ioattn hw |
+    grep -q "Highway target $target" || { echo "ci_arm: SVE length $bytes bytes does not dispatch $target" >&2; exit 1; }
+  for t in "$@"; do
+    echo "-- $t on $target"
+    QEMU_CPU="max,sve-default-vector-length=$bytes" IOATTN_SOURCE_DIR="$PWD" qemu-aarch64 -L / "build-arm/tests/$t"
+  done
+}
+sve_run 16 SVE2_128 test_cpu_edge test_cpu_forward test_cpu_decode
+sve_run 32 SVE_256 test_cpu_edge
