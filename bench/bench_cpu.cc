@@ -276,8 +276,8 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMillisecond);
     for (size_t mib : {16, 1024}) {
       benchmark::RegisterBenchmark(
-          ("ceiling/read_bw/threads:" + std::to_string(t) + "/MiB:" + std::to_string(mib)).c_str(), BM_ReadBandwidth,
-          t, mib << 20)
+          ("ceiling/read_bw/threads:" + std::to_string(t) + "/MiB:" + std::to_string(mib)).c_str(), BM_ReadBandwidth, t,
+          mib << 20)
           ->Iterations(1)
           ->Unit(benchmark::kMillisecond);
     }

@@ -197,7 +197,11 @@ void GroupArgs(benchmark::internal::Benchmark* b) {
 
 }  // namespace
 
-BENCHMARK(BM_ReadBandwidth)->Name("ceiling/dram_read")->Arg(ioattn::default_threads())->ArgName("threads")->Iterations(1);
+BENCHMARK(BM_ReadBandwidth)
+    ->Name("ceiling/dram_read")
+    ->Arg(ioattn::default_threads())
+    ->ArgName("threads")
+    ->Iterations(1);
 BENCHMARK(BM_FmaPeak)->Name("ceiling/fma_peak")->Arg(ioattn::default_threads())->ArgName("threads")->Iterations(1);
 BENCHMARK_CAPTURE(BM_Decode, f16, ioattn::DType::f16)->Apply(DecodeArgs);
 BENCHMARK_CAPTURE(BM_Decode, bf16, ioattn::DType::bf16)->Apply(DecodeArgs);

@@ -40,8 +40,7 @@ int64_t element_span(const ioattn_tensor& t) {
   const int64_t extents[3] = {t.batch, t.seqlen, t.heads};
   const int64_t strides[3] = {t.stride_batch, t.stride_seq, t.stride_head};
   for (int i = 0; i < 3; ++i) {
-    if (__builtin_mul_overflow(extents[i] - 1, strides[i], &term) ||
-        __builtin_add_overflow(span, term, &span))
+    if (__builtin_mul_overflow(extents[i] - 1, strides[i], &term) || __builtin_add_overflow(span, term, &span))
       return -1;
   }
   return span;
@@ -56,14 +55,13 @@ Status check_tensor(const ioattn_tensor* t, const char* name) {
   for (int i = 0; i < 4; ++i)
     if (dims[i] < 0) return Status::invalid(format("%s.%s=%lld: must be >= 0", name, dim_names[i], (long long)dims[i]));
   if (t->heads < 1) return Status::invalid(format("%s.heads=%lld: must be >= 1", name, (long long)t->heads));
-  if (t->head_dim < 1)
-    return Status::invalid(format("%s.head_dim=%lld: must be >= 1", name, (long long)t->head_dim));
+  if (t->head_dim < 1) return Status::invalid(format("%s.head_dim=%lld: must be >= 1", name, (long long)t->head_dim));
   const int64_t strides[3] = {t->stride_batch, t->stride_seq, t->stride_head};
   const char* stride_names[3] = {"stride_batch", "stride_seq", "stride_head"};
   for (int i = 0; i < 3; ++i)
     if (strides[i] < 0)
-      return Status::invalid(format("%s.%s=%lld: strides must be >= 0 (in elements)", name, stride_names[i],
-                                    (long long)strides[i]));
+      return Status::invalid(
+          format("%s.%s=%lld: strides must be >= 0 (in elements)", name, stride_names[i], (long long)strides[i]));
   const int64_t span = element_span(*t);
   int64_t span_bytes = 0;
   if (span < 0 || __builtin_mul_overflow(span, int64_t(dtype_bytes(DType(t->dtype))), &span_bytes))
@@ -112,7 +110,9 @@ ByteRange bytes_of(const ioattn_tensor& t) {
   return {base, base + span * dtype_bytes(DType(t.dtype))};
 }
 
-bool overlaps(ByteRange a, ByteRange b) { return a.begin < b.end && b.begin < a.end && a.begin != a.end && b.begin != b.end; }
+bool overlaps(ByteRange a, ByteRange b) {
+  return a.begin < b.end && b.begin < a.end && a.begin != a.end && b.begin != b.end;
+}
 
 Status check_options(const ioattn_options* opt) {
   if (!opt) return Status::invalid("opt: null options pointer (use ioattn_options_default)");
@@ -177,17 +177,17 @@ void fill_common(AttnParams& p, const ioattn_tensor& q, const ioattn_tensor& k, 
 }
 
 // Shape agreement shared by all entry points: head dims, heads, GQA divisibility.
-Status check_heads(const ioattn_tensor& q, const ioattn_tensor& k, const ioattn_tensor& v,
-                   const ioattn_tensor& out, const char* k_name, const char* v_name) {
+Status check_heads(const ioattn_tensor& q, const ioattn_tensor& k, const ioattn_tensor& v, const ioattn_tensor& out,
+                   const char* k_name, const char* v_name) {
   if (k.head_dim != q.head_dim)
-    return Status::invalid(format("%s.head_dim=%lld: must equal q.head_dim=%lld", k_name, (long long)k.head_dim,
-                                  (long long)q.head_dim));
+    return Status::invalid(
+        format("%s.head_dim=%lld: must equal q.head_dim=%lld", k_name, (long long)k.head_dim, (long long)q.head_dim));
   if (out.head_dim != v.head_dim)
-    return Status::invalid(format("out.head_dim=%lld: must equal %s.head_dim=%lld", (long long)out.head_dim,
-                                  v_name, (long long)v.head_dim));
+    return Status::invalid(format("out.head_dim=%lld: must equal %s.head_dim=%lld", (long long)out.head_dim, v_name,
+                                  (long long)v.head_dim));
   if (v.heads != k.heads)
-    return Status::invalid(format("%s.heads=%lld: must equal %s.heads=%lld", v_name, (long long)v.heads, k_name,
-                                  (long long)k.heads));
+    return Status::invalid(
+        format("%s.heads=%lld: must equal %s.heads=%lld", v_name, (long long)v.heads, k_name, (long long)k.heads));
   if (out.heads != q.heads)
     return Status::invalid(format("out.heads=%lld: must equal q.heads=%lld", (long long)out.heads, (long long)q.heads));
   if (q.heads % k.heads != 0)
@@ -215,8 +215,8 @@ Status check_no_alias(const ioattn_tensor& out, float* lse, int64_t lse_count,
   return Status::ok();
 }
 
-Status forward_impl(const ioattn_tensor* q, const ioattn_tensor* k, const ioattn_tensor* v,
-                    const ioattn_tensor* out, float* lse, const ioattn_options* opt) {
+Status forward_impl(const ioattn_tensor* q, const ioattn_tensor* k, const ioattn_tensor* v, const ioattn_tensor* out,
+                    float* lse, const ioattn_options* opt) {
   Status s;
   if (!(s = check_options(opt)).is_ok()) return s;
   const std::pair<const ioattn_tensor*, const char*> all[4] = {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}};
@@ -229,7 +229,8 @@ Status forward_impl(const ioattn_tensor* q, const ioattn_tensor* k, const ioattn
     return Status::invalid(format("k.batch=%lld, v.batch=%lld: must equal q.batch=%lld", (long long)k->batch,
                                   (long long)v->batch, (long long)q->batch));
   if (v->seqlen != k->seqlen)
-    return Status::invalid(format("v.seqlen=%lld: must equal k.seqlen=%lld", (long long)v->seqlen, (long long)k->seqlen));
+    return Status::invalid(
+        format("v.seqlen=%lld: must equal k.seqlen=%lld", (long long)v->seqlen, (long long)k->seqlen));
   if (!(s = check_heads(*q, *k, *v, *out, "k", "v")).is_ok()) return s;
   if (!(s = check_no_alias(*out, lse, q->batch * q->heads * q->seqlen, {{q, "q"}, {k, "k"}, {v, "v"}})).is_ok())
     return s;
@@ -257,24 +258,25 @@ Status host_copy(std::vector<int32_t>* dst, const int32_t* src, int64_t count, c
   return backend_for(opt.backend).download(dst->data(), src, size_t(count) * sizeof(int32_t), opt.cuda_stream);
 }
 
-Status varlen_impl(const ioattn_tensor* q, const ioattn_tensor* k, const ioattn_tensor* v,
-                   const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int32_t batch,
-                   const ioattn_tensor* out, float* lse, const ioattn_options* opt) {
+Status varlen_impl(const ioattn_tensor* q, const ioattn_tensor* k, const ioattn_tensor* v, const int32_t* cu_seqlens_q,
+                   const int32_t* cu_seqlens_k, int32_t batch, const ioattn_tensor* out, float* lse,
+                   const ioattn_options* opt) {
   Status s;
   if (!(s = check_options(opt)).is_ok()) return s;
   const std::pair<const ioattn_tensor*, const char*> all[4] = {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}};
   for (const auto& [t, name] : all) {
     if (!(s = check_tensor(t, name)).is_ok()) return s;
     if (t->batch != 1)
-      return Status::invalid(format("%s.batch=%lld: packed varlen tensors have batch 1 (1, total, H, D)", name,
-                                    (long long)t->batch));
+      return Status::invalid(
+          format("%s.batch=%lld: packed varlen tensors have batch 1 (1, total, H, D)", name, (long long)t->batch));
   }
   if (batch < 0) return Status::invalid(format("batch=%d: must be >= 0", batch));
   if (k->dtype != q->dtype || v->dtype != q->dtype)
     return Status::invalid(format("k.dtype=%s, v.dtype=%s: must equal q.dtype=%s", dtype_str(k->dtype),
                                   dtype_str(v->dtype), dtype_str(q->dtype)));
   if (v->seqlen != k->seqlen)
-    return Status::invalid(format("v.seqlen=%lld: must equal k.seqlen=%lld", (long long)v->seqlen, (long long)k->seqlen));
+    return Status::invalid(
+        format("v.seqlen=%lld: must equal k.seqlen=%lld", (long long)v->seqlen, (long long)k->seqlen));
   if (!(s = check_heads(*q, *k, *v, *out, "k", "v")).is_ok()) return s;
   if (!(s = check_no_alias(*out, lse, q->heads * q->seqlen, {{q, "q"}, {k, "k"}, {v, "v"}})).is_ok()) return s;
   if (!(s = check_backend(*opt, q->head_dim, v->head_dim)).is_ok()) return s;
@@ -300,8 +302,8 @@ Status varlen_impl(const ioattn_tensor* q, const ioattn_tensor* k, const ioattn_
       *a.longest = std::max<int64_t>(*a.longest, a.cu[size_t(b) + 1] - a.cu[size_t(b)]);
     }
     if (a.cu[size_t(batch)] > a.total)
-      return Status::invalid(format("%s[%d]=%d: exceeds the packed length %lld", a.name, batch, a.cu[size_t(batch)],
-                                    (long long)a.total));
+      return Status::invalid(
+          format("%s[%d]=%d: exceeds the packed length %lld", a.name, batch, a.cu[size_t(batch)], (long long)a.total));
   }
   AttnParams p;
   fill_common(p, *q, *k, *v, *out, lse, *opt);
@@ -333,7 +335,8 @@ Status check_cache(const ioattn_kvcache& cache, const ioattn_tensor& q, int64_t 
     return Status::invalid(format("cache.k.batch=%lld: must equal q.batch=%lld for a contiguous cache",
                                   (long long)cache.k.batch, (long long)q.batch));
   if (paged && cache.max_pages_per_seq < 1)
-    return Status::invalid(format("cache.max_pages_per_seq=%d: must be >= 1 with a block table", cache.max_pages_per_seq));
+    return Status::invalid(
+        format("cache.max_pages_per_seq=%d: must be >= 1 with a block table", cache.max_pages_per_seq));
   if (paged && capacity_rows < 1)
     return Status::invalid(format("cache.k.seqlen (page_size)=%lld: must be >= 1", (long long)capacity_rows));
   std::vector<int64_t> written;
@@ -350,10 +353,11 @@ Status check_cache(const ioattn_kvcache& cache, const ioattn_tensor& q, int64_t 
     }
     const int64_t pages = (total + capacity_rows - 1) / capacity_rows;
     if (pages > cache.max_pages_per_seq)
-      return Status::invalid(format("cache.seqlens[%lld]=%d + %lld new tokens needs %lld pages of %lld, more than "
-                                    "max_pages_per_seq=%d",
-                                    (long long)b, len, (long long)seqlen_new, (long long)pages,
-                                    (long long)capacity_rows, cache.max_pages_per_seq));
+      return Status::invalid(
+          format("cache.seqlens[%lld]=%d + %lld new tokens needs %lld pages of %lld, more than "
+                 "max_pages_per_seq=%d",
+                 (long long)b, len, (long long)seqlen_new, (long long)pages, (long long)capacity_rows,
+                 cache.max_pages_per_seq));
     for (int64_t j = 0; j < pages; ++j) {
       const int32_t page = table[size_t(b * cache.max_pages_per_seq + j)];
       if (page < 0 || page >= cache.k.batch)
@@ -398,14 +402,14 @@ Status check_append_aliasing(const ioattn_kvcache& cache, const ioattn_tensor& q
       const int64_t j = seqlens[size_t(b)] + r;
       for (int64_t h = 0; h < cache.k.heads; ++h) {
         for (const ioattn_tensor* c : {&cache.k, &cache.v}) {
-          const int64_t row = paged ? int64_t(table[size_t(b * cache.max_pages_per_seq + j / page_size)]) *
-                                              c->stride_batch + (j % page_size) * c->stride_seq
-                                    : b * c->stride_batch + j * c->stride_seq;
+          const int64_t row =
+              paged ? int64_t(table[size_t(b * cache.max_pages_per_seq + j / page_size)]) * c->stride_batch +
+                          (j % page_size) * c->stride_seq
+                    : b * c->stride_batch + j * c->stride_seq;
           add(*c, row + h * c->stride_head, true, c == &cache.k ? "cache.k" : "cache.v");
         }
         for (const ioattn_tensor* n : {&k_new, &v_new})
-          add(*n, b * n->stride_batch + r * n->stride_seq + h * n->stride_head, false,
-              n == &k_new ? "k_new" : "v_new");
+          add(*n, b * n->stride_batch + r * n->stride_seq + h * n->stride_head, false, n == &k_new ? "k_new" : "v_new");
       }
     }
   }
@@ -413,19 +417,21 @@ Status check_append_aliasing(const ioattn_kvcache& cache, const ioattn_tensor& q
   const Row* last_write = nullptr;
   const Row* last_read = nullptr;
   for (const Row& row : rows) {
-    const Row* hit = last_write && row.begin < last_write->end ? last_write
+    const Row* hit = last_write && row.begin < last_write->end              ? last_write
                      : row.write && last_read && row.begin < last_read->end ? last_read
-                                                                             : nullptr;
+                                                                            : nullptr;
     if (hit)
-      return Status::invalid(format("%s and %s: the KV-cache append would write a row that overlaps another %s "
-                                    "(appended rows must be disjoint from each other and from k_new/v_new)",
-                                    hit->name, row.name, row.write && hit->write ? "written row" : "row it reads"));
+      return Status::invalid(
+          format("%s and %s: the KV-cache append would write a row that overlaps another %s "
+                 "(appended rows must be disjoint from each other and from k_new/v_new)",
+                 hit->name, row.name, row.write && hit->write ? "written row" : "row it reads"));
     const Row*& last = row.write ? last_write : last_read;
     if (!last || row.end > last->end) last = &row;
   }
   const ByteRange q_bytes = bytes_of(q);
   for (const Row& row : rows)
-    if (row.write && overlaps(q_bytes, {reinterpret_cast<const char*>(row.begin), reinterpret_cast<const char*>(row.end)}))
+    if (row.write &&
+        overlaps(q_bytes, {reinterpret_cast<const char*>(row.begin), reinterpret_cast<const char*>(row.end)}))
       return Status::invalid(format("q: its memory overlaps rows the append writes into %s", row.name));
   return Status::ok();
 }
@@ -442,8 +448,8 @@ Status kvcache_impl(const ioattn_tensor* q, const ioattn_kvcache* cache, const i
     return Status::invalid(k_new ? "v_new: NULL while k_new is given (pass both or neither)"
                                  : "k_new: NULL while v_new is given (pass both or neither)");
   if (cache->v.dtype != cache->k.dtype)
-    return Status::invalid(format("cache.v.dtype=%s: must equal cache.k.dtype=%s", dtype_str(cache->v.dtype),
-                                  dtype_str(cache->k.dtype)));
+    return Status::invalid(
+        format("cache.v.dtype=%s: must equal cache.k.dtype=%s", dtype_str(cache->v.dtype), dtype_str(cache->k.dtype)));
   const bool mixed = cache->k.dtype != q->dtype;
   if (mixed && q->dtype != IOATTN_F32)
     return Status::invalid(format("cache.k.dtype=%s with q.dtype=%s: the cache may differ from q only when q is f32",
@@ -473,9 +479,9 @@ Status kvcache_impl(const ioattn_tensor* q, const ioattn_kvcache* cache, const i
                                     (long long)cache->k.head_dim, (long long)cache->v.head_dim));
     seqlen_new = k_new->seqlen;
   }
-  if (!(s = check_no_alias(*out, lse, q->batch * q->heads * q->seqlen,
-                           {{q, "q"}, {&cache->k, "cache.k"}, {&cache->v, "cache.v"}, {k_new, "k_new"},
-                            {v_new, "v_new"}}))
+  if (!(s = check_no_alias(
+            *out, lse, q->batch * q->heads * q->seqlen,
+            {{q, "q"}, {&cache->k, "cache.k"}, {&cache->v, "cache.v"}, {k_new, "k_new"}, {v_new, "v_new"}}))
            .is_ok())
     return s;
   if (!(s = check_backend(*opt, q->head_dim, cache->v.head_dim)).is_ok()) return s;

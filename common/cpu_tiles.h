@@ -70,10 +70,10 @@ enum class CpuCallMode { decode, head, tile };
 // What the mode rule reads, each as its caller counts it (the kernel from the call's sequences,
 // the traffic model from the problem's).
 struct CpuCallFacts {
-  int64_t rows_per_unit = 0;   // query rows per (sequence, kv head), the longest sequence's
+  int64_t rows_per_unit = 0;  // query rows per (sequence, kv head), the longest sequence's
   int64_t kv_splits = 1;
-  double tiles = 0;            // query tiles over all units
-  double units = 0;            // (sequence, kv head) units with a query
+  double tiles = 0;  // query tiles over all units
+  double units = 0;  // (sequence, kv head) units with a query
   double workers = 1;
   double head_copy_bytes = 0;  // one unit's fp32 K/V copy in head mode
 };

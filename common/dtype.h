@@ -12,9 +12,7 @@ namespace ioattn {
 enum class DType : int32_t { f32 = 0, f16 = 1, bf16 = 2 };
 
 constexpr int dtype_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
-constexpr const char* dtype_name(DType t) {
-  return t == DType::f32 ? "f32" : t == DType::f16 ? "f16" : "bf16";
-}
+constexpr const char* dtype_name(DType t) { return t == DType::f32 ? "f32" : t == DType::f16 ? "f16" : "bf16"; }
 
 #if !defined(__CUDACC__)
 inline float bf16_to_f32(uint16_t bits) {

@@ -1,7 +1,5 @@
 #include "common/hardware.h"
 
-#include "common/backend.h"
-
 #include <sched.h>
 #include <unistd.h>
 
@@ -13,6 +11,8 @@
 #include <sstream>
 #include <thread>
 #include <type_traits>
+
+#include "common/backend.h"
 
 namespace ioattn {
 
@@ -26,8 +26,7 @@ const char* kind_name(DeviceKind k) { return k == DeviceKind::gpu ? "gpu" : "cpu
 
 // Reads one field with its type checked; a missing optional field keeps *out.
 template <typename T>
-bool read_field(const json& obj, const char* key, bool required, T* out, const std::string& where,
-                std::string* error) {
+bool read_field(const json& obj, const char* key, bool required, T* out, const std::string& where, std::string* error) {
   const auto it = obj.find(key);
   if (it == obj.end()) {
     if (required) *error = where + ": missing field '" + key + "'";
@@ -72,11 +71,16 @@ bool parse_level(const json& j, const std::string& where, MemoryLevel* out, std:
     return false;
   }
   const std::string at = where + " ('" + l.name + "')";
-  if (l.size_bytes < 0) *error = at + ": field 'size_bytes' must be >= 0, got " + std::to_string(l.size_bytes);
-  else if (l.shared_by < 1) *error = at + ": field 'shared_by' must be >= 1, got " + std::to_string(l.shared_by);
-  else if (l.line_bytes < 1) *error = at + ": field 'line_bytes' must be >= 1, got " + std::to_string(l.line_bytes);
-  else if (!(l.bandwidth_gbs > 0)) *error = at + ": field 'bandwidth_gbs' must be > 0";
-  else if (l.partitions < 1) *error = at + ": field 'partitions' must be >= 1";
+  if (l.size_bytes < 0)
+    *error = at + ": field 'size_bytes' must be >= 0, got " + std::to_string(l.size_bytes);
+  else if (l.shared_by < 1)
+    *error = at + ": field 'shared_by' must be >= 1, got " + std::to_string(l.shared_by);
+  else if (l.line_bytes < 1)
+    *error = at + ": field 'line_bytes' must be >= 1, got " + std::to_string(l.line_bytes);
+  else if (!(l.bandwidth_gbs > 0))
+    *error = at + ": field 'bandwidth_gbs' must be > 0";
+  else if (l.partitions < 1)
+    *error = at + ": field 'partitions' must be >= 1";
   if (!error->empty()) return false;
   *out = std::move(l);
   return true;
@@ -105,12 +109,16 @@ bool parse_profile(const json& j, const std::string& origin, HardwareProfile* ou
       !read_field(j, "source", false, &hw.source, at, error)) {
     return false;
   }
-  if (hw.name.empty()) *error = at + ": field 'name' is empty";
-  else if (kind != "cpu" && kind != "gpu") *error = at + ": field 'kind' must be \"cpu\" or \"gpu\", got \"" + kind + "\"";
-  else if (hw.cores < 1) *error = at + ": field 'cores' must be >= 1, got " + std::to_string(hw.cores);
+  if (hw.name.empty())
+    *error = at + ": field 'name' is empty";
+  else if (kind != "cpu" && kind != "gpu")
+    *error = at + ": field 'kind' must be \"cpu\" or \"gpu\", got \"" + kind + "\"";
+  else if (hw.cores < 1)
+    *error = at + ": field 'cores' must be >= 1, got " + std::to_string(hw.cores);
   else if (hw.simd_bits != 128 && hw.simd_bits != 256 && hw.simd_bits != 512)
     *error = at + ": field 'simd_bits' must be 128, 256 or 512, got " + std::to_string(hw.simd_bits);
-  else if (!(hw.fma_gflops_per_core > 0)) *error = at + ": field 'fma_gflops_per_core' must be > 0";
+  else if (!(hw.fma_gflops_per_core > 0))
+    *error = at + ": field 'fma_gflops_per_core' must be > 0";
   if (!error->empty()) return false;
   hw.kind = kind == "gpu" ? DeviceKind::gpu : DeviceKind::cpu;
 
@@ -374,8 +382,7 @@ bool detect_gpu(HardwareProfile* out) {
   return true;
 }
 
-bool parse_profile_json(const std::string& text, const std::string& origin, HardwareProfile* out,
-                        std::string* error) {
+bool parse_profile_json(const std::string& text, const std::string& origin, HardwareProfile* out, std::string* error) {
   const json doc = json::parse(text, nullptr, false);
   if (doc.is_discarded()) {
     *error = origin + ": not valid JSON";
@@ -407,8 +414,12 @@ bool load_profile_file(const std::string& path, HardwareProfile* out, std::strin
 std::string profile_to_json(const HardwareProfile& hw) {
   json levels = json::array();
   for (const MemoryLevel& l : hw.levels) {
-    json jl = {{"name", l.name},           {"size_bytes", l.size_bytes},       {"shared_by", l.shared_by},
-               {"line_bytes", l.line_bytes}, {"bandwidth_gbs", l.bandwidth_gbs}, {"source", l.source}};
+    json jl = {{"name", l.name},
+               {"size_bytes", l.size_bytes},
+               {"shared_by", l.shared_by},
+               {"line_bytes", l.line_bytes},
+               {"bandwidth_gbs", l.bandwidth_gbs},
+               {"source", l.source}};
     if (l.partitions != 1) jl["partitions"] = l.partitions;
     levels.push_back(jl);
   }

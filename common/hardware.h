@@ -13,12 +13,12 @@ enum class DeviceKind { cpu, gpu };
 // One level of the memory hierarchy, innermost first. For a CPU: L1d, L2, L3, then DRAM; for a
 // GPU: shared memory (per SM), L2, then HBM/DRAM. The last level is the off-chip memory.
 struct MemoryLevel {
-  std::string name;            // "L1d", "L2", "L3", "DRAM", "smem", "HBM"
-  int64_t size_bytes = 0;      // capacity of one instance (0 for the off-chip level: unbounded)
-  int shared_by = 1;           // cores (CPU) or SMs (GPU) sharing one instance
-  int line_bytes = 64;         // cache line or sector transfer size
-  double bandwidth_gbs = 0;    // sustained read bandwidth into the level above, whole chip
-  std::string source;          // where the figures came from (datasheet URL, sysfs, measured)
+  std::string name;          // "L1d", "L2", "L3", "DRAM", "smem", "HBM"
+  int64_t size_bytes = 0;    // capacity of one instance (0 for the off-chip level: unbounded)
+  int shared_by = 1;         // cores (CPU) or SMs (GPU) sharing one instance
+  int line_bytes = 64;       // cache line or sector transfer size
+  double bandwidth_gbs = 0;  // sustained read bandwidth into the level above, whole chip
+  std::string source;        // where the figures came from (datasheet URL, sysfs, measured)
   // Instances that each cache their own copy of data read by all cores: A100/H100 L2 is two
   // partitions, each caching for the SMs wired to it, so data every SM reads occupies both and
   // the capacity it sees is size_bytes / partitions.
@@ -29,11 +29,11 @@ struct HardwareProfile {
   std::string name;         // "zen3", "h200-sxm", "host", ...
   std::string description;  // "AMD EPYC 7003 (Milan) core, Zen 3"
   DeviceKind kind = DeviceKind::cpu;
-  int cores = 1;                 // CPU cores, or GPU SMs
-  int simd_bits = 256;           // CPU: widest vector Highway dispatches to
-  std::string simd_target;       // CPU: Highway target name ("AVX2", "AVX3", "NEON", "SVE2")
+  int cores = 1;                   // CPU cores, or GPU SMs
+  int simd_bits = 256;             // CPU: widest vector Highway dispatches to
+  std::string simd_target;         // CPU: Highway target name ("AVX2", "AVX3", "NEON", "SVE2")
   double fma_gflops_per_core = 0;  // fp32 FMA peak per core (CPU) or per SM (GPU, fp32 CUDA cores)
-  double tensor_tflops = 0;      // GPU: dense bf16/f16 tensor-core peak, whole chip
+  double tensor_tflops = 0;        // GPU: dense bf16/f16 tensor-core peak, whole chip
   double clock_ghz = 0;
   // GPU only.
   int64_t smem_per_block_bytes = 0;  // opt-in maximum per thread block
@@ -81,8 +81,7 @@ std::string profile_to_json(const HardwareProfile& hw);
 
 // Parses JSON text in the schema of profiles.json (one profile object); `origin` names the
 // text in messages (a file name, "built-in").
-bool parse_profile_json(const std::string& text, const std::string& origin, HardwareProfile* out,
-                        std::string* error);
+bool parse_profile_json(const std::string& text, const std::string& origin, HardwareProfile* out, std::string* error);
 
 // Worker count the library uses when the caller passes 0: IOATTN_NUM_THREADS, else all cores.
 int default_threads();

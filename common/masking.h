@@ -15,9 +15,7 @@ struct KeyRange {
 
 // Causal folds into the right window: j <= i + off intersected with j <= i + off + R (R >= 0) is
 // always R = 0.
-IOATTN_HD int64_t effective_window_right(bool causal, int64_t window_right) {
-  return causal ? 0 : window_right;
-}
+IOATTN_HD int64_t effective_window_right(bool causal, int64_t window_right) { return causal ? 0 : window_right; }
 
 IOATTN_HD KeyRange visible_keys(int64_t i, int64_t seqlen_q, int64_t seqlen_k, int64_t window_left,
                                 int64_t window_right_eff) {

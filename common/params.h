@@ -104,8 +104,8 @@ IOATTN_HD int64_t lse_offset(const AttnParams& p, int64_t b, const SeqSpan& s, i
 }
 
 // Key/value row j of sequence b, kv head hk: the paged, packed and dense cases in one place.
-IOATTN_HD int64_t kv_row_offset(const AttnParams& p, int64_t b, const SeqSpan& s, int64_t j,
-                                int64_t batch_stride, int64_t seq_stride) {
+IOATTN_HD int64_t kv_row_offset(const AttnParams& p, int64_t b, const SeqSpan& s, int64_t j, int64_t batch_stride,
+                                int64_t seq_stride) {
   if (p.block_table) {
     const int64_t page = p.block_table[b * p.max_pages_per_seq + j / p.page_size];
     return page * batch_stride + (j % p.page_size) * seq_stride;
@@ -121,8 +121,7 @@ IOATTN_HD int64_t v_offset(const AttnParams& p, int64_t b, const SeqSpan& s, int
 }
 
 IOATTN_HD KeyRange visible_keys(const AttnParams& p, const SeqSpan& s, int64_t i) {
-  return visible_keys(i, s.seqlen_q, s.seqlen_k, p.window_left,
-                      effective_window_right(p.causal, p.window_right));
+  return visible_keys(i, s.seqlen_q, s.seqlen_k, p.window_left, effective_window_right(p.causal, p.window_right));
 }
 
 }  // namespace ioattn

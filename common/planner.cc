@@ -134,7 +134,8 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
     // Not even one register-tile of rows fits next to a full key block: shorten the key block.
     bq = rr;
     bkv = std::max(rc, std::min(bkv, max_bkv(bq)));
-    why = "the cache is too small for a " + std::to_string(kKvBlockTarget) + "-key block at this head dim, so block_kv shrinks";
+    why = "the cache is too small for a " + std::to_string(kKvBlockTarget) +
+          "-key block at this head dim, so block_kv shrinks";
   } else {
     bq = std::min(q_limit, max_bq(bkv));
     why = bq == q_limit ? (q_limit < rows_cap ? "block_q is capped so that every core gets a query block"
@@ -160,7 +161,8 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
   plan.block_kv = int(bkv);
   plan.working_set_bytes = cpu_working_set_bytes(bq, bkv, dp, dvp);
 
-  const int64_t q_blocks = plan.rows_per_unit > 0 ? ceil_div(pr.seqlen_q, std::max<int64_t>(1, bq / std::max<int64_t>(group, 1))) : 0;
+  const int64_t q_blocks =
+      plan.rows_per_unit > 0 ? ceil_div(pr.seqlen_q, std::max<int64_t>(1, bq / std::max<int64_t>(group, 1))) : 0;
   // Decode rows (cpu_decode_max_rows) run one task per (sequence, split) over all kv heads, so
   // only the batch counts toward filling the cores, and the splits are cut in the decode's own
   // 32-key blocks (never block_kv's, which only the packed path uses).
@@ -184,11 +186,11 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
                                  "packed blocks: "
                            : std::string()) +
                    "working set " + kib(plan.working_set_bytes) + " (Q " + std::to_string(bq) + "x" +
-                   std::to_string(dp) + ", K/V " + std::to_string(bkv) + " keys, scores " + std::to_string(bq) +
-                   "x" + std::to_string(bkv) + ", fp32) fits " + std::to_string(int(kCpuCacheFill * 100)) +
-                   "% of the " + kib(plan.target_level_bytes) + " per-core " + plan.target_level + "; " + why +
-                   (plan.kv_splits > 1 ? "; the key axis splits " + std::to_string(plan.kv_splits) +
-                                             " ways so all " + std::to_string(cores) + " cores have work"
+                   std::to_string(dp) + ", K/V " + std::to_string(bkv) + " keys, scores " + std::to_string(bq) + "x" +
+                   std::to_string(bkv) + ", fp32) fits " + std::to_string(int(kCpuCacheFill * 100)) + "% of the " +
+                   kib(plan.target_level_bytes) + " per-core " + plan.target_level + "; " + why +
+                   (plan.kv_splits > 1 ? "; the key axis splits " + std::to_string(plan.kv_splits) + " ways so all " +
+                                             std::to_string(cores) + " cores have work"
                                        : "");
   if (plan.working_set_bytes > plan.target_level_bytes) {
     plan.rationale += "; even the smallest tile overflows " + plan.target_level + " on this profile";
@@ -227,15 +229,18 @@ Plan plan_gpu(const Problem& pr, const HardwareProfile& hw) {
   const bool decode = exact && gpu_decode_rows(group, pr.seqlen_q);
   if (decode) t = gpu_decode_tile(dpad);
   if (!exact) {
-    why = "head dim " + std::to_string(pr.head_dim) + (pr.head_dim_v != pr.head_dim ? "/" + std::to_string(pr.head_dim_v) : "") +
-          " has no CUDA instantiation (table: 64, 96, 128, 256), so the backend reports unsupported; figures are for D padded to " +
+    why = "head dim " + std::to_string(pr.head_dim) +
+          (pr.head_dim_v != pr.head_dim ? "/" + std::to_string(pr.head_dim_v) : "") +
+          " has no CUDA instantiation (table: 64, 96, 128, 256), so the backend reports unsupported; figures are for D "
+          "padded to " +
           std::to_string(dpad);
   }
   const int64_t smem_block = std::max<int64_t>(hw.smem_per_block_bytes, 1);
   if (gpu_tile_smem_bytes(t, dpad) > smem_block) {
     plan.supported = false;
-    why += std::string(why.empty() ? "" : "; ") + "unsupported on this GPU: the table's tile needs " + kib(gpu_tile_smem_bytes(t, dpad)) +
-           " of shared memory, more than this GPU's " + kib(smem_block) + " per block; figures are for a reduced tile";
+    why += std::string(why.empty() ? "" : "; ") + "unsupported on this GPU: the table's tile needs " +
+           kib(gpu_tile_smem_bytes(t, dpad)) + " of shared memory, more than this GPU's " + kib(smem_block) +
+           " per block; figures are for a reduced tile";
     t.stages = 1;
     while (gpu_tile_smem_bytes(t, dpad) > smem_block && t.block_kv > 16) t.block_kv /= 2;
     while (gpu_tile_smem_bytes(t, dpad) > smem_block && t.block_q > 16) t.block_q /= 2;
@@ -279,15 +284,17 @@ Plan plan_gpu(const Problem& pr, const HardwareProfile& hw) {
   plan.work_items = tasks * plan.kv_splits;
   plan.workers = int(std::max<int64_t>(1, std::min<int64_t>(slots, plan.work_items)));
 
-  plan.rationale = std::string(decode ? "split-KV decode, the " + std::to_string(group) + " query heads of a kv head packed; " : "") +
-                   "tile " + std::to_string(plan.block_q) + "x" + std::to_string(plan.block_kv) + " from the constexpr table (" +
-                   std::to_string(t.warps) + " warps, " + std::to_string(t.stages) + " K/V stages) needs " +
-                   kib(plan.working_set_bytes) + " of the " + kib(plan.target_level_bytes) +
-                   " shared memory per block, " + std::to_string(plan.ctas_per_sm) + " CTAs per SM" +
-                   (plan.kv_splits > 1 ? "; the key axis splits " + std::to_string(plan.kv_splits) + " ways to fill " +
-                                             std::to_string(hw.cores) + " SMs"
-                                       : "") +
-                   (why.empty() ? "" : "; " + why);
+  plan.rationale =
+      std::string(decode ? "split-KV decode, the " + std::to_string(group) + " query heads of a kv head packed; "
+                         : "") +
+      "tile " + std::to_string(plan.block_q) + "x" + std::to_string(plan.block_kv) + " from the constexpr table (" +
+      std::to_string(t.warps) + " warps, " + std::to_string(t.stages) + " K/V stages) needs " +
+      kib(plan.working_set_bytes) + " of the " + kib(plan.target_level_bytes) + " shared memory per block, " +
+      std::to_string(plan.ctas_per_sm) + " CTAs per SM" +
+      (plan.kv_splits > 1 ? "; the key axis splits " + std::to_string(plan.kv_splits) + " ways to fill " +
+                                std::to_string(hw.cores) + " SMs"
+                          : "") +
+      (why.empty() ? "" : "; " + why);
   return plan;
 }
 

@@ -15,21 +15,21 @@ enum class BackendKind { cpu, cuda };
 
 struct Plan {
   BackendKind backend = BackendKind::cpu;
-  std::string hardware;  // profile name
-  int block_q = 0;       // query rows per tile
-  int block_kv = 0;      // key/value rows per inner step
-  int head_dim_padded = 0;  // head dim rounded up to the vector width (CPU) or 16/32 (GPU)
+  std::string hardware;            // profile name
+  int block_q = 0;                 // query rows per tile
+  int block_kv = 0;                // key/value rows per inner step
+  int head_dim_padded = 0;         // head dim rounded up to the vector width (CPU) or 16/32 (GPU)
   int reg_rows = 0, reg_cols = 0;  // register tile of the score / PV micro-kernel
-  int kv_splits = 1;     // >1: the key axis is split (flash-decoding) and partials merged
-  int workers = 1;       // threads (CPU) or concurrently resident CTAs (GPU)
-  int64_t work_items = 0;  // independent tasks: batch * heads * query blocks * kv_splits
-  int warps = 0, stages = 0;  // GPU: warps per CTA, cp.async pipeline depth
+  int kv_splits = 1;               // >1: the key axis is split (flash-decoding) and partials merged
+  int workers = 1;                 // threads (CPU) or concurrently resident CTAs (GPU)
+  int64_t work_items = 0;          // independent tasks: batch * heads * query blocks * kv_splits
+  int warps = 0, stages = 0;       // GPU: warps per CTA, cp.async pipeline depth
   int64_t working_set_bytes = 0;   // bytes one worker keeps live per step
   std::string target_level;        // the level the working set is fitted to ("L2", "smem")
   int64_t target_level_bytes = 0;  // the capacity it was fitted against (per worker share)
   std::string rationale;           // one sentence: why this level and these blocks
-  bool supported = true;  // false: no kernel of this build runs this shape (the figures are what it would need)
-  int64_t units = 0;      // independent K/V streams: batch * kv heads (CPU, GQA-packed) or batch * q heads (GPU)
+  bool supported = true;      // false: no kernel of this build runs this shape (the figures are what it would need)
+  int64_t units = 0;          // independent K/V streams: batch * kv heads (CPU, GQA-packed) or batch * q heads (GPU)
   int64_t rows_per_unit = 0;  // query rows one unit owns: (Hq/Hkv) * Sq on the CPU, Sq on the GPU
   int ctas_per_sm = 0;        // GPU: resident CTAs per SM (shared memory and register limits)
 };

@@ -1,7 +1,8 @@
 // The CPU backend: the Highway kernels behind the C ABI's dispatch (common/backend.h).
+#include "common/backend.h"
+
 #include <cstring>
 
-#include "common/backend.h"
 #include "common/hardware.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/flash_kernel.h"

@@ -53,9 +53,9 @@ HWY_INLINE VF LoadWide(const T* p) {
 }
 
 template <class T>
-constexpr DType kDTypeOf = std::is_same_v<T, float> ? DType::f32
+constexpr DType kDTypeOf = std::is_same_v<T, float>            ? DType::f32
                            : std::is_same_v<T, hwy::float16_t> ? DType::f16
-                                                                : DType::bf16;
+                                                               : DType::bf16;
 
 // Decode's Q: rows in chunks of kDecodeRowChunk, each chunk D x kDecodeRowChunk floats laid out
 // [d / lanes][row][lanes] for the whole vectors of D, then [row][tail] for the rest. The score
@@ -73,9 +73,9 @@ void DecodeQ(const float* row, int64_t r, int64_t D, float* qt) {
 
 // The caller's K/V rows are usually far apart (stride Hkv x D elements: one 4 KiB page per row
 // at Hkv = 8, D = 128), which defeats the hardware prefetchers' in-page streams, so copying a row
-// waits a full memory latency. Head mode packs each head once; per-tile packing prefetches the next block a few rows per score
-// step, and within a copy loop kPrefetchRows rows ahead (a tile's first block has no
-// predecessor to hide its misses behind).
+// waits a full memory latency. Head mode packs each head once; per-tile packing prefetches the next block a few rows
+// per score step, and within a copy loop kPrefetchRows rows ahead (a tile's first block has no predecessor to hide its
+// misses behind).
 constexpr int64_t kPrefetchRows = 8;
 
 void PrefetchRow(const void* base, int64_t offset, DType type, int64_t n) {

@@ -245,8 +245,7 @@ void DecodePvRows(int R, const void* const* vrows, int64_t a, int64_t e, const f
 
 // Rows [r0, r0 + R) += P V over keys [a, e) of the block, every column of Dv.
 template <class T>
-void DecodePvRange(const Geometry& g, int R, int64_t r0, int64_t a, int64_t e, const Scratch& w,
-                   LineQueue& pq) {
+void DecodePvRange(const Geometry& g, int R, int64_t r0, int64_t a, int64_t e, const Scratch& w, LineQueue& pq) {
   if (a >= e) return;
   const int64_t full = g.Dv / kLanes * kLanes;
   const float* p = w.st + r0 * kDecodeStride;
@@ -329,8 +328,10 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
           const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
           DecodeScoreRows<T>(R, krows + i, w.qt + r0 * g.D, g.D, w.st + r0 * kDecodeStride + i, pq);
         }
-      if (capped) DecodeSoftmax<true>(rows, p.scale, p.softcap, w, w0.lo, w0.hi);
-      else DecodeSoftmax<false>(rows, p.scale, p.softcap, w, w0.lo, w0.hi);
+      if (capped)
+        DecodeSoftmax<true>(rows, p.scale, p.softcap, w, w0.lo, w0.hi);
+      else
+        DecodeSoftmax<false>(rows, p.scale, p.softcap, w, w0.lo, w0.hi);
       RescaleRows(w, 0, rows, g.Dvp);
       // Keys every row of a chunk sees go through the chunk's register tile; the rest row by row.
       for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
@@ -346,8 +347,8 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
 
 // One decode task (decode mode): split `split` of sequence b for all kv heads, leaving the
 // outputs, or the partials of tiles tile0 + hk (layout as in tile mode: [tile][split]).
-void DecodeTask(const AttnParams& p, const Geometry& g, int64_t b, int64_t split, unsigned char* base,
-                float* partials, int64_t tile0) {
+void DecodeTask(const AttnParams& p, const Geometry& g, int64_t b, int64_t split, unsigned char* base, float* partials,
+                int64_t tile0) {
   Scratch* ws = reinterpret_cast<Scratch*>(base + g.off[kViews]);
   int64_t u0 = 0, u1 = 0, nb = 0;
   for (int64_t hk = 0; hk < g.heads_kv; ++hk) {

@@ -56,9 +56,11 @@
 // the NaN of pytorch issue 121558); NaN scores are detected explicitly and carried through the
 // running max. The result is within the FlashAttention-2 tolerance rule of docs/testing.md
 // against the fp64 reference.
+// clang-format off: foreach_target.h must follow HWY_TARGET_INCLUDE, before the other includes.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/flash_kernel.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+// clang-format on
 
 #include "cpu/flash_kernel.h"
 #include "cpu/schedule-inl.h"

@@ -49,8 +49,8 @@ void AccumulatePv(const Geometry& g, const Panel& pn, int64_t nk, bool masked, c
       const int64_t r0 = pn.row0 + gi * kPvTile.rows, nr = std::min<int64_t>(kPvTile.rows, pn.row0 + pn.rows - r0);
       // The next call's O: the next group's rows, or the panel's first rows in the next columns.
       const bool last_group = r0 + nr >= pn.row0 + pn.rows;
-      const float* o_next = w.o + (last_group ? pn.row0 * g.Dvp + (v + kPvTile.vecs) * kLanes
-                                              : (r0 + nr) * g.Dvp + v * kLanes);
+      const float* o_next =
+          w.o + (last_group ? pn.row0 * g.Dvp + (v + kPvTile.vecs) * kLanes : (r0 + nr) * g.Dvp + v * kLanes);
       kPv[size_t(nc - 1)][size_t(nr - 1)](w.st + k.a * pn.mp + (r0 - pn.row0), pn.mp, panel + k.a * kPanelCols,
                                           k.e - k.a, w.o + r0 * g.Dvp + v * kLanes, g.Dvp, o_next);
     }
@@ -72,8 +72,8 @@ void PrefetchRows(const AttnParams& p, const Geometry& g, const Tile& t, int64_t
 // layouts: K rows [key][D] contiguous, V in panels of the PV kernel's columns,
 // [panel][key][kPanelCols] (panel stride vstride), zero padded past Dv, so the PV loads walk one
 // stream.
-void PackRows(const AttnParams& p, const Geometry& g, const Tile& t, int64_t j0, int64_t lo, int64_t hi,
-              float* kpack, float* vpack, int64_t vstride, const Scratch& w) {
+void PackRows(const AttnParams& p, const Geometry& g, const Tile& t, int64_t j0, int64_t lo, int64_t hi, float* kpack,
+              float* vpack, int64_t vstride, const Scratch& w) {
   const DF df;
   std::fill(w.vtmp + g.Dv, w.vtmp + g.Dvq, 0.f);
   const bool f32 = p.kv_dtype == DType::f32;
@@ -140,11 +140,15 @@ void RunPanel(const AttnParams& p, const Geometry& g, const Tile& t, const Panel
     }
   }
   if (masked) {
-    if (capped) SoftmaxBlock<true, true, false>(pn, kb, ke, p.softcap, w);
-    else SoftmaxBlock<true, false, false>(pn, kb, ke, p.softcap, w);
+    if (capped)
+      SoftmaxBlock<true, true, false>(pn, kb, ke, p.softcap, w);
+    else
+      SoftmaxBlock<true, false, false>(pn, kb, ke, p.softcap, w);
   } else {
-    if (capped) SoftmaxBlock<false, true, false>(pn, kb, ke, p.softcap, w);
-    else SoftmaxBlock<false, false, true>(pn, kb, ke, p.softcap, w);
+    if (capped)
+      SoftmaxBlock<false, true, false>(pn, kb, ke, p.softcap, w);
+    else
+      SoftmaxBlock<false, false, true>(pn, kb, ke, p.softcap, w);
   }
   RescaleRows(w, pn.row0, pn.row0 + pn.rows, g.Dvp);
   AccumulatePv(g, pn, nk, masked, w);
@@ -209,8 +213,10 @@ void RunTileBlocks(const AttnParams& p, const Geometry& g, const Tile& t, int64_
         any_visible |= w.lo[r] < w.hi[r];
       }
       // A panel that sees none of the block keeps its state exactly (alpha 1, p 0): skip it.
-      if (any_visible) RunPanel(p, g, t, pn, nk, masked, pf0, pf_count, cw);
-      else PrefetchRows(p, g, t, pf0, pf_count);
+      if (any_visible)
+        RunPanel(p, g, t, pn, nk, masked, pf0, pf_count, cw);
+      else
+        PrefetchRows(p, g, t, pf0, pf_count);
     }
     if (pipeline) {
       int64_t lo, hi;

@@ -157,14 +157,14 @@ Status FlashForward(const AttnParams& p, const Plan& plan) {
   const size_t partial_floats = size_t(shape.n_tiles * g.splits) * size_t(g.partial_floats);
   if (g.splits > 1) partials = scratch_array<float>(partial_floats);
   if (!tiles_before || !scratch || (g.splits > 1 && !partials)) {
-    return Status::out_of_memory("CPU forward: could not allocate " +
-                                 std::to_string(g.worker_bytes * size_t(workers) +
-                                                (g.splits > 1 ? partial_floats * sizeof(float) : 0)) +
-                                 " bytes of scratch (workers=" + std::to_string(workers) +
-                                 ", kv_splits=" + std::to_string(g.splits) + ")");
+    return Status::out_of_memory(
+        "CPU forward: could not allocate " +
+        std::to_string(g.worker_bytes * size_t(workers) + (g.splits > 1 ? partial_floats * sizeof(float) : 0)) +
+        " bytes of scratch (workers=" + std::to_string(workers) + ", kv_splits=" + std::to_string(g.splits) + ")");
   }
   tiles_before[0] = 0;
-  for (int64_t b = 0; b < p.batch; ++b) tiles_before[b + 1] = tiles_before[b] + QueryBlocks(g, sequence(p, b)) * p.heads_kv;
+  for (int64_t b = 0; b < p.batch; ++b)
+    tiles_before[b + 1] = tiles_before[b] + QueryBlocks(g, sequence(p, b)) * p.heads_kv;
   const Call call{p, g, TileIndex{&p, &g, tiles_before.get()}, scratch.get(), partials.get()};
   const auto task = g.head_mode ? &RunHeadTask : g.decode ? &RunDecodeTask : &RunTileTask;
   parallel_for(shape.n_tasks, workers, [&](int64_t i, int worker) { task(call, i, worker); });

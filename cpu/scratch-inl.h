@@ -24,7 +24,31 @@ namespace HWY_NAMESPACE {
 // Geometry of one call and the per-worker scratch carved from one allocation.
 
 // Regions of a worker's scratch, each 64-byte aligned.
-enum Region { kQt, kQrow, kK0, kK1, kV0, kV1, kHeadK, kHeadV, kVtmp, kSt, kO, kM, kL, kAlpha, kMref, kMblk, kLo, kHi, kRowLo, kRowHi, kVRows, kViews, kRegions };
+enum Region {
+  kQt,
+  kQrow,
+  kK0,
+  kK1,
+  kV0,
+  kV1,
+  kHeadK,
+  kHeadV,
+  kVtmp,
+  kSt,
+  kO,
+  kM,
+  kL,
+  kAlpha,
+  kMref,
+  kMblk,
+  kLo,
+  kHi,
+  kRowLo,
+  kRowHi,
+  kVRows,
+  kViews,
+  kRegions
+};
 
 struct Scratch {
   float* qt;
@@ -46,7 +70,7 @@ struct Scratch {
 
 struct Geometry {
   int64_t D = 0, Dv = 0, Dvp = 0, G = 0;
-  int64_t Dvq = 0;  // Dv rounded up to whole V panels
+  int64_t Dvq = 0;           // Dv rounded up to whole V panels
   int64_t pos_per_tile = 0;  // query positions per tile
   int64_t rows_max = 0;      // pos_per_tile * G
   int64_t mp_max = 0;        // rows_max rounded up to the vector: the rows of Q^T and of O
@@ -105,8 +129,8 @@ Geometry MakeGeometry(const AttnParams& p, const Plan& plan, bool head_mode, int
   bytes[kViews] = g.decode ? size_t(g.heads_kv) * sizeof(Scratch) : 0;
   size_t at = 0;
   for (int r = 0; r < kRegions; ++r) {
-    const bool per_head = r == kQt || r == kSt || r == kO || r == kM || r == kL || r == kAlpha || r == kMref ||
-                          r == kMblk || r == kVRows;
+    const bool per_head =
+        r == kQt || r == kSt || r == kO || r == kM || r == kL || r == kAlpha || r == kMref || r == kMblk || r == kVRows;
     g.head_bytes[r] = per_head ? AlignBytes(bytes[r]) : 0;
     g.off[r] = at;
     at += per_head ? size_t(g.heads_kv) * g.head_bytes[r] : AlignBytes(bytes[r]);
@@ -206,8 +230,7 @@ void PrepareTile(const AttnParams& p, const Geometry& g, const Tile& t, const Sc
 }
 
 // Writes row r's normalized output (rounded to the storage type) and its lse.
-void WriteRow(const AttnParams& p, const Geometry& g, const Tile& t, int64_t r, const float* o, float m,
-              float l) {
+void WriteRow(const AttnParams& p, const Geometry& g, const Tile& t, int64_t r, const float* o, float m, float l) {
   const DF df;
   const int64_t pos = t.pos0 + r / g.G, h = t.hk * g.G + r % g.G;
   const int64_t oo = o_offset(p, t.b, t.seq, pos, h);

@@ -13,8 +13,8 @@
 
 #include "common/online_softmax.h"
 #include "cpu/scratch-inl.h"
-#include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace ioattn::cpu {
@@ -108,8 +108,8 @@ void SoftmaxBlock(const Panel& pn, int64_t kb, int64_t ke, float softcap, const 
     hn::Store(hn::IfThenElse(poisoned, nan, mx), df, w.mblk + r0);
   }
   for (int64_t r = row0; r < row0 + mp; ++r) {
-    const float m_old = w.m[r], m_blk = kMaxDone && w.mblk[r] == INFINITY ? std::numeric_limits<float>::quiet_NaN()
-                                                                           : w.mblk[r];
+    const float m_old = w.m[r],
+                m_blk = kMaxDone && w.mblk[r] == INFINITY ? std::numeric_limits<float>::quiet_NaN() : w.mblk[r];
     const float m_new = NextRowMax(m_old, m_blk);
     w.alpha[r] = softmax::rescale_factor(m_old, m_new, [](float x) { return std::exp2(x); });
     w.m[r] = m_new;
@@ -168,7 +168,8 @@ void DecodeSoftmax(int64_t rows, float scale, float softcap, const Scratch& w, c
       saw_nan = hn::Or(saw_nan, hn::VecFromMask(df, hn::IsNaN(x)));
     }
     float m_blk = hn::GetLane(hn::MaxOfLanes(df, mx));
-    if (!hn::AllFalse(df, hn::MaskFromVec(saw_nan)) || m_blk == INFINITY) m_blk = std::numeric_limits<float>::quiet_NaN();
+    if (!hn::AllFalse(df, hn::MaskFromVec(saw_nan)) || m_blk == INFINITY)
+      m_blk = std::numeric_limits<float>::quiet_NaN();
     const float m_old = w.m[r];
     const float m_new = NextRowMax(m_old, m_blk);
     const float alpha = softmax::rescale_factor(m_old, m_new, [](float e) { return std::exp2(e); });

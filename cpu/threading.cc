@@ -36,12 +36,13 @@ void parallel_for(int64_t n_tasks, int n_threads, const std::function<void(int64
   // the slot, hence in [0, workers).
   tbb::task_arena arena(workers);
   arena.execute([&] {
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_tasks, 1),
-                      [&](const tbb::blocked_range<int64_t>& range) {
-                        const int worker = tbb::this_task_arena::current_thread_index();
-                        for (int64_t t = range.begin(); t < range.end(); ++t) fn(t, worker);
-                      },
-                      tbb::simple_partitioner());
+    tbb::parallel_for(
+        tbb::blocked_range<int64_t>(0, n_tasks, 1),
+        [&](const tbb::blocked_range<int64_t>& range) {
+          const int worker = tbb::this_task_arena::current_thread_index();
+          for (int64_t t = range.begin(); t < range.end(); ++t) fn(t, worker);
+        },
+        tbb::simple_partitioner());
   });
 #else
   for (int64_t t = 0; t < n_tasks; ++t) fn(t, 0);

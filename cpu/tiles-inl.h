@@ -106,8 +106,8 @@ HWY_INLINE void StoreScaled(DF df, VF a, VF vscale, float* s, VF& m) {
 
 // Column c of ScoreTile's accumulators (a0..a7: rows 0..7) scaled into S^T rows mp apart.
 template <int R, bool kMax>
-HWY_INLINE void StoreScoreColumn(DF df, VF vscale, float* st, int64_t mp, float* mx, VF a0, VF a1, VF a2, VF a3,
-                                 VF a4, VF a5, VF a6, VF a7) {
+HWY_INLINE void StoreScoreColumn(DF df, VF vscale, float* st, int64_t mp, float* mx, VF a0, VF a1, VF a2, VF a3, VF a4,
+                                 VF a5, VF a6, VF a7) {
   VF m = kMax ? hn::Load(df, mx) : hn::Zero(df);
   StoreScaled<kMax>(df, a0, vscale, st, m);
   if constexpr (R > 1) StoreScaled<kMax>(df, a1, vscale, st + mp, m);
@@ -134,7 +134,9 @@ void ScoreTile(const float* kp, const float* qt, int64_t D, float* st, int64_t m
   static_assert(1 <= R && R <= 8, "the named accumulators cover 8 rows");
   const DF df;
   const VF z = hn::Zero(df);
-  VF a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z, a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z, a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z, a60 = z, a61 = z, a62 = z, a63 = z, a70 = z, a71 = z, a72 = z, a73 = z;
+  VF a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z, a20 = z, a21 = z, a22 = z, a23 = z,
+     a30 = z, a31 = z, a32 = z, a33 = z, a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z,
+     a60 = z, a61 = z, a62 = z, a63 = z, a70 = z, a71 = z, a72 = z, a73 = z;
   const int64_t panel = D * kLanes;
   for (int64_t d = 0; d < D; ++d) {
     VF q0, q1, q2, q3;
@@ -150,9 +152,12 @@ void ScoreTile(const float* kp, const float* qt, int64_t D, float* st, int64_t m
   }
   const VF vscale = hn::Set(df, scale);
   StoreScoreColumn<R, kMax>(df, vscale, st + 0 * kLanes, mp, mx + 0 * kLanes, a00, a10, a20, a30, a40, a50, a60, a70);
-  if constexpr (C > 1) StoreScoreColumn<R, kMax>(df, vscale, st + 1 * kLanes, mp, mx + 1 * kLanes, a01, a11, a21, a31, a41, a51, a61, a71);
-  if constexpr (C > 2) StoreScoreColumn<R, kMax>(df, vscale, st + 2 * kLanes, mp, mx + 2 * kLanes, a02, a12, a22, a32, a42, a52, a62, a72);
-  if constexpr (C > 3) StoreScoreColumn<R, kMax>(df, vscale, st + 3 * kLanes, mp, mx + 3 * kLanes, a03, a13, a23, a33, a43, a53, a63, a73);
+  if constexpr (C > 1)
+    StoreScoreColumn<R, kMax>(df, vscale, st + 1 * kLanes, mp, mx + 1 * kLanes, a01, a11, a21, a31, a41, a51, a61, a71);
+  if constexpr (C > 2)
+    StoreScoreColumn<R, kMax>(df, vscale, st + 2 * kLanes, mp, mx + 2 * kLanes, a02, a12, a22, a32, a42, a52, a62, a72);
+  if constexpr (C > 3)
+    StoreScoreColumn<R, kMax>(df, vscale, st + 3 * kLanes, mp, mx + 3 * kLanes, a03, a13, a23, a33, a43, a53, a63, a73);
 }
 
 // O[r][c * lanes ...] += sum_j P^T[j][r] * V[j][c * lanes ...] for R rows, C vectors, n keys.
@@ -172,7 +177,8 @@ void PvTile(const float* p, int64_t mp, const float* vp, int64_t n, float* o, in
     for (int c = 0; c < C; ++c) __builtin_prefetch(o_next + r * dvp + c * kLanes, 1, 3);
   const VF z = hn::Zero(df);
   for (int64_t j0 = 0; j0 < n; j0 += kSumChunk) {
-    VF a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z, a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z, a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z;
+    VF a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z, a20 = z, a21 = z, a22 = z, a23 = z,
+       a30 = z, a31 = z, a32 = z, a33 = z, a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z;
     const int64_t j1 = std::min(n, j0 + kSumChunk);
     for (int64_t j = j0; j < j1; ++j) {
       VF v0, v1, v2, v3;
@@ -197,8 +203,8 @@ void PvTile(const float* p, int64_t mp, const float* vp, int64_t n, float* o, in
 // One row, keys [j0, j1), C vectors from vector v0 of the row. p: this row's P^T column (stride
 // mp); vpack: all V panels (panel stride vstride).
 template <int C>
-void RowPvChunk(const float* p, int64_t mp, const float* vpack, int64_t vstride, int64_t j0, int64_t j1,
-                int64_t v0, float* o) {
+void RowPvChunk(const float* p, int64_t mp, const float* vpack, int64_t vstride, int64_t j0, int64_t j1, int64_t v0,
+                float* o) {
   const DF df;
   const float* vbase[4];
   for (int c = 0; c < C; ++c) vbase[c] = vpack + (v0 + c) / kPvTile.vecs * vstride + (v0 + c) % kPvTile.vecs * kLanes;

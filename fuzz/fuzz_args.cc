@@ -23,8 +23,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::string> tokens;
   if (size > 0) tokens.emplace_back();
   for (size_t i = 0; i < size && tokens.size() <= kMaxArgs; ++i) {
-    if (data[i] == 0) tokens.emplace_back();
-    else tokens.back() += char(data[i]);
+    if (data[i] == 0)
+      tokens.emplace_back();
+    else
+      tokens.back() += char(data[i]);
   }
   std::vector<char*> argv;
   for (std::string& t : tokens) argv.push_back(t.data());

@@ -33,8 +33,10 @@ __device__ void store_f32(void* base, int64_t i, DType t, float x) {
 
 // Raw copy of one element (2 or 4 bytes): the saved rows go back bit for bit, NaN payloads too.
 __device__ void copy_elem(void* dst, int64_t di, const void* src, int64_t si, int64_t bytes) {
-  if (bytes == 4) static_cast<uint32_t*>(dst)[di] = static_cast<const uint32_t*>(src)[si];
-  else static_cast<uint16_t*>(dst)[di] = static_cast<const uint16_t*>(src)[si];
+  if (bytes == 4)
+    static_cast<uint32_t*>(dst)[di] = static_cast<const uint32_t*>(src)[si];
+  else
+    static_cast<uint16_t*>(dst)[di] = static_cast<const uint16_t*>(src)[si];
 }
 
 enum class Mode { append, restore };
@@ -43,8 +45,8 @@ enum class Mode { append, restore };
 // the slots it overwrites into `saved` (when given), slot (b, r, hk) at ((b * n + r) * Hkv + hk)
 // * (D + Dv) elements; restore copies them back. The same thread reads each old element before
 // writing the new one, so no synchronization is needed.
-__global__ void append_kv_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ KvAppend a,
-                                 void* saved, Mode mode) {
+__global__ void append_kv_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ KvAppend a, void* saved,
+                                 Mode mode) {
   const int64_t r = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const SeqSpan seq = sequence(p, b);
   const int64_t j = a.cache_seqlens[b] + r;
@@ -75,8 +77,8 @@ __global__ void append_kv_kernel(const __grid_constant__ AttnParams p, const __g
 Status launch(const AttnParams& p, const KvAppend& a, void* saved, Mode mode) {
   if (a.seqlen_new == 0 || p.batch == 0 || a.k_new == nullptr) return Status::ok();
   if (a.seqlen_new > 0x7fffffff || p.heads_kv > 65535 || p.batch > 65535)
-    return Status::unsupported("backend=CUDA: append of seqlen_new=" + std::to_string(a.seqlen_new) + " heads_kv=" +
-                               std::to_string(p.heads_kv) + " batch=" + std::to_string(p.batch) +
+    return Status::unsupported("backend=CUDA: append of seqlen_new=" + std::to_string(a.seqlen_new) +
+                               " heads_kv=" + std::to_string(p.heads_kv) + " batch=" + std::to_string(p.batch) +
                                " exceeds the CUDA grid (2^31-1, 65535, 65535)");
   const dim3 grid(unsigned(a.seqlen_new), unsigned(p.heads_kv), unsigned(p.batch));
   append_kv_kernel<<<grid, 128, 0, static_cast<cudaStream_t>(p.stream)>>>(p, a, saved, mode);

@@ -1,6 +1,7 @@
 // The CUDA backend behind the C ABI's dispatch (common/backend.h). Plain C++ over gpu/'s entry
 // points, which a build without CUDA defines as refusals (gpu/gpu_unavailable.cc).
 #include "common/backend.h"
+
 #include "gpu/gpu_backend.h"
 
 namespace ioattn {

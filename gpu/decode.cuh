@@ -176,8 +176,12 @@ struct DecodeWarp {
   int k_lane, v_lane;
 
   __device__ __forceinline__ DecodeWarp(const AttnParams& p)
-      : warp(int(threadIdx.x) / 32), lane(int(threadIdx.x) % 32), g(lane / 4), t(lane % 4),
-        kw(warp * Shape::warp_keys), mode(p) {}
+      : warp(int(threadIdx.x) / 32),
+        lane(int(threadIdx.x) % 32),
+        g(lane / 4),
+        t(lane % 4),
+        kw(warp * Shape::warp_keys),
+        mode(p) {}
 
   // Lane g holds rows g and g + 8 of the tile; padding rows take the last real row's keys, so
   // the masks never see a row without a query.

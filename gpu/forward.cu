@@ -123,8 +123,9 @@ Status run(const AttnParams& p, const KvAppend* append) {
   }
   if (!s.is_ok() && saved) {
     const Status r = restore_kv(p, *append, saved);
-    if (!r.is_ok()) s = Status::backend(s.message + "; restoring the KV cache failed too, it holds the appended rows (" +
-                                        r.message + ")");
+    if (!r.is_ok())
+      s = Status::backend(s.message + "; restoring the KV cache failed too, it holds the appended rows (" + r.message +
+                          ")");
   }
   release();
   return s;

@@ -8,20 +8,23 @@ bool query_cuda_device(HardwareProfile*) { return false; }
 bool available() { return false; }
 
 Status check_supported(const AttnParams&) {
-  return Status::unsupported("backend=CUDA: this build of ioattn was compiled without CUDA (IOATTN_CUDA=OFF or no nvcc)");
+  return Status::unsupported(
+      "backend=CUDA: this build of ioattn was compiled without CUDA (IOATTN_CUDA=OFF or no nvcc)");
 }
 
 Status forward(const AttnParams&) {
-  return Status::unsupported("backend=CUDA: this build of ioattn was compiled without CUDA (IOATTN_CUDA=OFF or no nvcc)");
+  return Status::unsupported(
+      "backend=CUDA: this build of ioattn was compiled without CUDA (IOATTN_CUDA=OFF or no nvcc)");
 }
 
 Status forward_kvcache(const AttnParams&, const KvAppend*) {
-  return Status::unsupported("backend=CUDA: this build of ioattn was compiled without CUDA (IOATTN_CUDA=OFF or no nvcc)");
+  return Status::unsupported(
+      "backend=CUDA: this build of ioattn was compiled without CUDA (IOATTN_CUDA=OFF or no nvcc)");
 }
 
-
 Status download(void*, const void*, size_t, void*) {
-  return Status::unsupported("backend=CUDA: this build of ioattn was compiled without CUDA (IOATTN_CUDA=OFF or no nvcc)");
+  return Status::unsupported(
+      "backend=CUDA: this build of ioattn was compiled without CUDA (IOATTN_CUDA=OFF or no nvcc)");
 }
 
 }  // namespace ioattn::gpu

@@ -1,11 +1,10 @@
-#include "gpu/simple_fwd.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "common/masking.h"
 #include "common/online_softmax.h"
 #include "gpu/elem_convert.cuh"
+#include "gpu/simple_fwd.h"
 
 namespace ioattn::gpu {
 namespace {

@@ -65,7 +65,6 @@ Buffer random_buffer(int64_t elements, int32_t dtype) {
   return b;
 }
 
-
 ioattn_tensor dense(Buffer& b, int64_t batch, int64_t seq, int64_t heads, int64_t dim) {
   return ioattn_tensor{b.data(), b.dtype, batch, seq, heads, dim, seq * heads * dim, heads * dim, dim};
 }
@@ -73,7 +72,8 @@ ioattn_tensor dense(Buffer& b, int64_t batch, int64_t seq, int64_t heads, int64_
 void report(const std::string& name, ioattn_status st, const std::vector<std::pair<const char*, Buffer*>>& outs,
             const std::vector<float>& lse) {
   std::printf("%-34s status=%d", name.c_str(), int(st));
-  for (const auto& [label, buf] : outs) std::printf(" %s=%016llx", label, (unsigned long long)fnv1a(buf->data(), buf->bytes.size()));
+  for (const auto& [label, buf] : outs)
+    std::printf(" %s=%016llx", label, (unsigned long long)fnv1a(buf->data(), buf->bytes.size()));
   if (!lse.empty()) std::printf(" lse=%016llx", (unsigned long long)fnv1a(lse.data(), lse.size() * 4));
   std::printf("\n");
 }
@@ -165,8 +165,8 @@ void run_cache(const Cache& c, int threads) {
   ioattn_options_default(&opt);
   opt.causal = c.causal;
   opt.num_threads = threads;
-  const ioattn_status st = ioattn_forward_kvcache(&tq, &cache, c.snew ? &tkn : nullptr, c.snew ? &tvn : nullptr,
-                                                  &to, lse.data(), &opt);
+  const ioattn_status st =
+      ioattn_forward_kvcache(&tq, &cache, c.snew ? &tkn : nullptr, c.snew ? &tvn : nullptr, &to, lse.data(), &opt);
   report(std::string(c.name) + " t" + std::to_string(threads), st, {{"out", &o}, {"k", &kc}, {"v", &vc}}, lse);
 }
 

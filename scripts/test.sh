@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # From nothing to a passed test suite: install dependencies, then check the source layout rules
-# (scripts/check_layout.py) and build and test every configuration CI guards: the Release build
+# (scripts/check_layout.py) and formatting (scripts/check_format.sh), and build and test every configuration CI guards: the Release build
 # (OpenMP, CUDA compiled when nvcc is present: GPU tests skip visibly without a device), the oneTBB
 # threading backend, ASan+UBSan, ThreadSanitizer and bounded fuzzing (scripts/ci_hardening.sh), the
 # AArch64 cross build under qemu-user (scripts/ci_arm.sh), and the installed package consumed by a
@@ -16,10 +16,13 @@ scripts/setup.sh
 jobs=$(nproc)
 step() { printf '\n==== %s ====\n' "$*"; }
 
-step "source layout: file and function sizes, include edges"
+step "source layout: file and function sizes, include edges, clang-format"
 # Before any build: no file in common/, cpu/ or gpu/ over 700 lines nor function over 120; common/
-# includes nothing from cpu/ or gpu/, tools/ nothing from cpu/, gpu/, bench/ or fuzz/.
+# includes nothing from cpu/ or gpu/, tools/ nothing from cpu/, gpu/, bench/ or fuzz/; every C,
+# C++ and CUDA source as clang-format leaves it.
 python3 scripts/check_layout.py
+scripts/setup.sh clang-format
+scripts/check_format.sh
 
 step "Release, OpenMP, CUDA=AUTO"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DIOATTN_CUDA=AUTO -DIOATTN_THREADING=openmp \

@@ -59,8 +59,8 @@ int process_threads() {
 class Watchdog {
  public:
   Watchdog(const char* section, double budget_seconds) : section_(section) {
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::milliseconds(int64_t((budget_seconds * 4 + 120) * 1000));
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t((budget_seconds * 4 + 120) * 1000));
     thread_ = std::thread([this, deadline] {
       while (!done_.load()) {
         peak_.store(std::max(peak_.load(), process_threads()));
@@ -97,10 +97,10 @@ std::vector<AttnCase> dense_cases() {
     float softcap;
     int threads;
   } grid[] = {
-      {1, 4, 4, 33, 65, 32, DType::f32, false, -1, 0.f, 1},  {2, 4, 2, 17, 17, 64, DType::f32, true, -1, 0.f, 2},
-      {1, 8, 1, 1, 129, 64, DType::f16, false, -1, 0.f, 3},  {1, 2, 2, 64, 48, 16, DType::bf16, true, 8, 0.f, 4},
-      {3, 2, 1, 9, 31, 40, DType::f32, false, 4, 30.f, 2},   {1, 6, 3, 50, 50, 96, DType::f16, true, -1, 0.f, 1},
-      {2, 1, 1, 128, 7, 8, DType::f32, false, -1, 5.f, 3},   {1, 4, 2, 40, 97, 128, DType::bf16, false, 16, 0.f, 4},
+      {1, 4, 4, 33, 65, 32, DType::f32, false, -1, 0.f, 1}, {2, 4, 2, 17, 17, 64, DType::f32, true, -1, 0.f, 2},
+      {1, 8, 1, 1, 129, 64, DType::f16, false, -1, 0.f, 3}, {1, 2, 2, 64, 48, 16, DType::bf16, true, 8, 0.f, 4},
+      {3, 2, 1, 9, 31, 40, DType::f32, false, 4, 30.f, 2},  {1, 6, 3, 50, 50, 96, DType::f16, true, -1, 0.f, 1},
+      {2, 1, 1, 128, 7, 8, DType::f32, false, -1, 5.f, 3},  {1, 4, 2, 40, 97, 128, DType::bf16, false, 16, 0.f, 4},
   };
   for (const auto& g : grid) {
     AttnCase c;
@@ -163,8 +163,7 @@ KvCase make_kv_case(uint32_t seed, int64_t batch, int64_t hq, int64_t hkv, int64
   for (auto* cache : {&c.k_cache, &c.v_cache}) {
     cache->resize(c.cache_bytes());
     const int64_t n = c.cache_rows() * hkv * dim;
-    for (int64_t i = 0; i < n; ++i)
-      ioattn::store_from_f32(cache->data(), i, DType(cache_dtype), normal(rng));
+    for (int64_t i = 0; i < n; ++i) ioattn::store_from_f32(cache->data(), i, DType(cache_dtype), normal(rng));
   }
   return c;
 }
@@ -199,8 +198,10 @@ ioattn_status run_kv(const KvCase& c, KvResult& r) {
 }
 
 std::vector<KvCase> kv_cases() {
-  return {make_kv_case(1, 2, 4, 2, 32, 1, 1, IOATTN_F32, false, 1), make_kv_case(2, 3, 8, 1, 64, 1, 2, IOATTN_F16, true, 2),
-          make_kv_case(3, 1, 4, 4, 16, 5, 5, IOATTN_BF16, true, 3), make_kv_case(4, 2, 2, 2, 128, 3, 3, IOATTN_F32, true, 4)};
+  return {make_kv_case(1, 2, 4, 2, 32, 1, 1, IOATTN_F32, false, 1),
+          make_kv_case(2, 3, 8, 1, 64, 1, 2, IOATTN_F16, true, 2),
+          make_kv_case(3, 1, 4, 4, 16, 5, 5, IOATTN_BF16, true, 3),
+          make_kv_case(4, 2, 2, 2, 128, 3, 3, IOATTN_F32, true, 4)};
 }
 
 // The single-caller results every concurrent call must reproduce.
@@ -266,8 +267,7 @@ int thread_bound(int callers) { return callers * 4 + 2 * int(std::thread::hardwa
 
 }  // namespace
 
-TEST_CASE("16+ threads calling dense and KV-cache entry points at once reproduce single-caller bits",
-          "[concurrency]") {
+TEST_CASE("16+ threads calling dense and KV-cache entry points at once reproduce single-caller bits", "[concurrency]") {
   const Expected expected;
   const size_t n_cases = expected.dense.size() + expected.kv.size();
   const double seconds = stress_seconds();
@@ -286,8 +286,8 @@ TEST_CASE("16+ threads calling dense and KV-cache entry points at once reproduce
   }
   for (auto& c : callers) c.join();
   const int peak = watchdog.stop();
-  std::printf("test_concurrency: %d callers, %.1f s, %lld calls, %lld mismatches, peak %d threads\n", kCallers,
-              seconds, (long long)tally.calls.load(), (long long)tally.mismatches.load(), peak);
+  std::printf("test_concurrency: %d callers, %.1f s, %lld calls, %lld mismatches, peak %d threads\n", kCallers, seconds,
+              (long long)tally.calls.load(), (long long)tally.mismatches.load(), peak);
   INFO("first mismatch: " << tally.first);
   CHECK(tally.mismatches.load() == 0);
   CHECK(tally.calls.load() >= int64_t(kCallers * n_cases));

@@ -250,8 +250,8 @@ struct Tally {
   std::string report() const {
     std::ostringstream os;
     os << "out err " << err << " vs 2*naive " << 2 * naive << " + floor " << 2 * eps * mag << "; lse err " << lerr
-       << " vs 2*naive " << 2 * lnaive << " + floor " << 2 * kEps32 * lmag << "; non-finite mismatches "
-       << mismatches << " of " << compared;
+       << " vs 2*naive " << 2 * lnaive << " + floor " << 2 * kEps32 * lmag << "; non-finite mismatches " << mismatches
+       << " of " << compared;
     return os.str();
   }
 };
@@ -308,8 +308,8 @@ void check_call(const Arr& q, const Arr& k, const Arr& v, Arr& out, const ioattn
   for (int64_t b = 0; b < B; ++b) {
     std::function<float(int64_t, int64_t)> lse_at;
     if (with_lse) lse_at = [&](int64_t h, int64_t i) { return lse[size_t((b * Hq + h) * Sq + i)]; };
-    tally_sequence(t, gather(q, b, 0, Sq), gather(k, b, 0, k.seqlen()), gather(v, b, 0, v.seqlen()), Sq, k.seqlen(),
-                   Hq, k.heads(), q.dim(), v.dim(), rule_of(opt), out, b, 0, lse_at);
+    tally_sequence(t, gather(q, b, 0, Sq), gather(k, b, 0, k.seqlen()), gather(v, b, 0, v.seqlen()), Sq, k.seqlen(), Hq,
+                   k.heads(), q.dim(), v.dim(), rule_of(opt), out, b, 0, lse_at);
   }
   INFO(t.report());
   CHECK(t.ok());
@@ -494,7 +494,8 @@ TEST_CASE("sweep: output is rounded to nearest even (ties included) in f16 and b
   }
 }
 
-TEST_CASE("sweep: packed QKV, padded out and stride-0 keys read and write only their elements", "[sweep][dense][strides]") {
+TEST_CASE("sweep: packed QKV, padded out and stride-0 keys read and write only their elements",
+          "[sweep][dense][strides]") {
   std::mt19937 rng(8);
   const int64_t B = 2, S = 19, H = 4, D = 24;
   SECTION("q, k, v interleaved in one (B, S, 3, H, D) buffer; out with gaps between rows and heads") {
@@ -779,8 +780,8 @@ void random_request(uint32_t seed) {
   o.scale = rng() % 4 == 0 ? float(rng() % 100) / 50.f - 0.5f : 0.f;
   o.num_threads = int32_t(rng() % 4);
   INFO("seed " << seed << ": " << dtype_label(dtype) << " B " << B << " Hq " << hq << " Hkv " << hkv << " Sq " << sq
-                << " Sk " << sk << " D " << d << " Dv " << dv << " causal " << o.causal << " window " << o.window_left
-                << "," << o.window_right << " softcap " << o.softcap << " scale " << o.scale);
+               << " Sk " << sk << " D " << d << " Dv " << dv << " causal " << o.causal << " window " << o.window_left
+               << "," << o.window_right << " softcap " << o.softcap << " scale " << o.scale);
   check_dense(q, k, v, out, o, rng() % 4 != 0);
 }
 
@@ -900,8 +901,8 @@ TEST_CASE("sweep: dense rejections: each names its argument, writes nothing", "[
        "out.stride_batch=-1"},
       {"out batch differs", [](Request& r) { r.to.batch = 1; }, IOATTN_ERROR_INVALID_ARGUMENT, "out"},
       {"out heads differ", [](Request& r) { r.to.heads = 2; }, IOATTN_ERROR_INVALID_ARGUMENT, "out.heads=2"},
-      {"out broadcast over batch (stride 0)", [](Request& r) { r.to.stride_batch = 0; },
-       IOATTN_ERROR_INVALID_ARGUMENT, "out.stride_batch=0"},
+      {"out broadcast over batch (stride 0)", [](Request& r) { r.to.stride_batch = 0; }, IOATTN_ERROR_INVALID_ARGUMENT,
+       "out.stride_batch=0"},
       {"out aliases v", [](Request& r) { r.to.data = r.v.data(); }, IOATTN_ERROR_INVALID_ARGUMENT, "v"},
       {"lse inside k", [](Request& r) { r.lse_ptr = static_cast<float*>(r.k.data()) + 5; },
        IOATTN_ERROR_INVALID_ARGUMENT, "lse"},
@@ -990,25 +991,22 @@ void run_varlen(const VarlenSpec& s, const ioattn_options& opt, uint32_t seed) {
   const std::vector<unsigned char> before = out.bytes();
   ioattn_tensor tq = q.t(), tk = k.t(), tv = v.t(), to = out.t();
   const int32_t batch = int32_t(s.lens_q.size());
-  const ioattn_status st =
-      ioattn_forward_varlen(&tq, &tk, &tv, cu_q.data(), cu_k.data(), batch, &to, lse.data(), &opt);
+  const ioattn_status st = ioattn_forward_varlen(&tq, &tk, &tv, cu_q.data(), cu_k.data(), batch, &to, lse.data(), &opt);
   INFO(last_error());
   REQUIRE(st == IOATTN_OK);
   Tally t;
   t.eps = dtype_eps(s.dtype);
   for (int32_t b = 0; b < batch; ++b) {
     const int64_t q0 = cu_q[size_t(b)], k0 = cu_k[size_t(b)], sq = s.lens_q[size_t(b)], sk = s.lens_k[size_t(b)];
-    tally_sequence(t, gather(q, 0, q0, sq), gather(k, 0, k0, sk), gather(v, 0, k0, sk), sq, sk, s.hq, s.hkv, s.d,
-                   s.dv, rule_of(opt), out, 0, q0,
-                   [&](int64_t h, int64_t i) { return lse[size_t(h * total_q + q0 + i)]; });
+    tally_sequence(t, gather(q, 0, q0, sq), gather(k, 0, k0, sk), gather(v, 0, k0, sk), sq, sk, s.hq, s.hkv, s.d, s.dv,
+                   rule_of(opt), out, 0, q0, [&](int64_t h, int64_t i) { return lse[size_t(h * total_q + q0 + i)]; });
   }
   INFO(t.report());
   CHECK(t.ok());
   // Rows before cu_seqlens_q[0] and after cu_seqlens_q[batch] belong to no sequence.
   const int64_t owned_begin = cu_q.front(), owned_end = cu_q.back();
-  CHECK(out.untouched_outside(before, [&](int64_t, int64_t row, int64_t) {
-    return row >= owned_begin && row < owned_end;
-  }));
+  CHECK(out.untouched_outside(before,
+                              [&](int64_t, int64_t row, int64_t) { return row >= owned_begin && row < owned_end; }));
   for (int64_t h = 0; h < s.hq; ++h)
     for (int64_t row = 0; row < total_q; ++row)
       if (row < owned_begin || row >= owned_end) CHECK(std::isnan(lse[size_t(h * total_q + row)]));
@@ -1095,7 +1093,7 @@ namespace {
 struct KvSpec {
   int32_t io = IOATTN_F32, cache = IOATTN_F32;
   int64_t hq = 4, hkv = 2, d = 32, dv = 32, sq = 1, snew = 1;
-  int64_t page = 0;  // 0: contiguous
+  int64_t page = 0;         // 0: contiguous
   bool head_major = false;  // pages laid out (page, Hkv, page_size, D)
   std::vector<int32_t> cached;
 };
@@ -1190,8 +1188,8 @@ void run_kvcache(const KvSpec& s, const ioattn_options& opt, uint32_t seed) {
   cache.max_pages_per_seq = int32_t(max_pages);
   ioattn_tensor tq = q.t(), to = out.t(), tkn = kn.t(), tvn = vn.t();
   const std::vector<unsigned char> out_before = out.bytes();
-  const ioattn_status st = ioattn_forward_kvcache(&tq, &cache, s.snew > 0 ? &tkn : nullptr,
-                                                  s.snew > 0 ? &tvn : nullptr, &to, lse.data(), &opt);
+  const ioattn_status st = ioattn_forward_kvcache(&tq, &cache, s.snew > 0 ? &tkn : nullptr, s.snew > 0 ? &tvn : nullptr,
+                                                  &to, lse.data(), &opt);
   INFO(last_error());
   REQUIRE(st == IOATTN_OK);
   CHECK(seqlens == seqlens_before);
@@ -1313,7 +1311,8 @@ struct CacheRequest {
 
 }  // namespace
 
-TEST_CASE("sweep: KV-cache rejections: each names its argument; cache, out and lse untouched", "[sweep][kvcache][api]") {
+TEST_CASE("sweep: KV-cache rejections: each names its argument; cache, out and lse untouched",
+          "[sweep][kvcache][api]") {
   struct Case {
     const char* what;
     std::function<void(CacheRequest&)> mutate;
@@ -1323,8 +1322,8 @@ TEST_CASE("sweep: KV-cache rejections: each names its argument; cache, out and l
   const std::vector<Case> cases = {
       {"null cache", [](CacheRequest& r) { r.pcache = nullptr; }, IOATTN_ERROR_INVALID_ARGUMENT, "cache"},
       {"only v_new given", [](CacheRequest& r) { r.pkn = nullptr; }, IOATTN_ERROR_INVALID_ARGUMENT, "k_new"},
-      {"cache k/v dtypes differ", [](CacheRequest& r) { r.cache.v.dtype = IOATTN_F16; },
-       IOATTN_ERROR_INVALID_ARGUMENT, "cache.v.dtype"},
+      {"cache k/v dtypes differ", [](CacheRequest& r) { r.cache.v.dtype = IOATTN_F16; }, IOATTN_ERROR_INVALID_ARGUMENT,
+       "cache.v.dtype"},
       {"k_new dtype differs from q", [](CacheRequest& r) { r.tkn.dtype = IOATTN_F16; }, IOATTN_ERROR_INVALID_ARGUMENT,
        "k_new.dtype"},
       {"k_new batch differs", [](CacheRequest& r) { r.tkn.batch = 1; }, IOATTN_ERROR_INVALID_ARGUMENT, "k_new.batch"},
@@ -1402,7 +1401,8 @@ TEST_CASE("sweep: paged sequences sharing prefix pages, each appending into its 
   kc.randomize(rng);
   vc.randomize(rng);
   std::vector<int32_t> table{2, 0, 2, 4}, seqlens{4, 4};
-  Arr q(IOATTN_F32, 2, 1, hq, d), out(IOATTN_F32, 2, 1, hq, d), kn(IOATTN_F32, 2, 1, hkv, d), vn(IOATTN_F32, 2, 1, hkv, d);
+  Arr q(IOATTN_F32, 2, 1, hq, d), out(IOATTN_F32, 2, 1, hq, d), kn(IOATTN_F32, 2, 1, hkv, d),
+      vn(IOATTN_F32, 2, 1, hkv, d);
   q.randomize(rng);
   kn.randomize(rng);
   vn.randomize(rng);
@@ -1631,7 +1631,8 @@ TEST_CASE("sweep: varlen and paged KV results are bitwise the same for 1, 2, 3 a
 
 TEST_CASE("sweep: +inf in K under a softcap is a finite score c * tanh(inf) = c", "[sweep][dense][softcap]") {
   std::mt19937 rng(36);
-  Arr q(IOATTN_F32, 1, 12, 2, 16), k(IOATTN_F32, 1, 20, 1, 16), v(IOATTN_F32, 1, 20, 1, 16), out(IOATTN_F32, 1, 12, 2, 16);
+  Arr q(IOATTN_F32, 1, 12, 2, 16), k(IOATTN_F32, 1, 20, 1, 16), v(IOATTN_F32, 1, 20, 1, 16),
+      out(IOATTN_F32, 1, 12, 2, 16);
   q.randomize(rng);
   k.randomize(rng);
   v.randomize(rng);
@@ -1825,7 +1826,8 @@ CliResult cli(const Scratch& dir, const std::vector<std::string>& args) { return
 void write_npy(const std::string& path, const char* descr, const std::vector<int64_t>& shape, const void* data,
                size_t bytes) {
   std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (";
-  for (size_t i = 0; i < shape.size(); ++i) dict += std::to_string(shape[i]) + (shape.size() == 1 || i + 1 < shape.size() ? ", " : "");
+  for (size_t i = 0; i < shape.size(); ++i)
+    dict += std::to_string(shape[i]) + (shape.size() == 1 || i + 1 < shape.size() ? ", " : "");
   dict += "), }";
   while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
   dict += '\n';
@@ -1893,8 +1895,8 @@ TEST_CASE("sweep cli: run with Sk = 0 writes zeros and -inf; B = 0 writes an emp
 
   write_npy(dir / "q0.npy", "<f2", {0, 3, 2, 4}, nullptr, 0);
   write_npy(dir / "k0.npy", "<f2", {0, 5, 1, 4}, nullptr, 0);
-  const CliResult e = cli(dir, {"run", "--q", dir / "q0.npy", "--k", dir / "k0.npy", "--v", dir / "k0.npy", "--out",
-                                dir / "o0.npy"});
+  const CliResult e =
+      cli(dir, {"run", "--q", dir / "q0.npy", "--k", dir / "k0.npy", "--v", dir / "k0.npy", "--out", dir / "o0.npy"});
   INFO(e.out << e.err);
   REQUIRE(e.code == 0);
   const Npy o0 = read_npy(dir / "o0.npy");
@@ -1909,8 +1911,8 @@ TEST_CASE("sweep cli: run output does not depend on --threads; --window -1,-1 is
   write_f32(dir / "k.npy", {2, 90, 2, 16}, 2);
   write_f32(dir / "v.npy", {2, 90, 2, 16}, 3);
   auto run = [&](const std::string& out, std::vector<std::string> extra) {
-    std::vector<std::string> args = {"run", "--q", dir / "q.npy", "--k", dir / "k.npy", "--v", dir / "v.npy", "--out",
-                                     dir / out};
+    std::vector<std::string> args = {"run", "--q",         dir / "q.npy", "--k",    dir / "k.npy",
+                                     "--v", dir / "v.npy", "--out",       dir / out};
     args.insert(args.end(), extra.begin(), extra.end());
     const CliResult r = cli(dir, args);
     INFO(r.err);
@@ -1938,9 +1940,10 @@ TEST_CASE("sweep cli: an unwritable --lse fails with exit 2 before --out appears
 TEST_CASE("sweep cli: plan, traffic and explain accept every problem flag, f16 and bf16", "[sweep][cli]") {
   Scratch dir;
   for (const char* dtype : {"f16", "bf16"}) {
-    const std::vector<std::string> problem = {"--batch", "2", "--heads", "8", "--kv-heads", "2", "--seqlen-q", "300",
-                                              "--seqlen-k", "700", "--head-dim", "64", "--dtype", dtype, "--causal",
-                                              "--window", "128,0", "--hw", "host", "--hw", "h200-sxm", "--json"};
+    const std::vector<std::string> problem = {"--batch",    "2",    "--heads",    "8",        "--kv-heads", "2",
+                                              "--seqlen-q", "300",  "--seqlen-k", "700",      "--head-dim", "64",
+                                              "--dtype",    dtype,  "--causal",   "--window", "128,0",      "--hw",
+                                              "host",       "--hw", "h200-sxm",   "--json"};
     for (const char* cmd : {"plan", "traffic", "explain"}) {
       std::vector<std::string> args = {cmd};
       args.insert(args.end(), problem.begin(), problem.end());
@@ -1961,9 +1964,9 @@ TEST_CASE("sweep cli: plan, traffic and explain accept every problem flag, f16 a
 TEST_CASE("sweep cli: bench runs f16 and bf16 storage, GQA and windows", "[sweep][cli][bench]") {
   Scratch dir;
   for (const char* dtype : {"f16", "bf16"}) {
-    const CliResult r = cli(dir, {"bench", "--heads", "4", "--kv-heads", "2", "--seqlen-q", "64", "--seqlen-k", "80",
-                                  "--head-dim", "32", "--dtype", dtype, "--window", "16,0", "--repeats", "1",
-                                  "--threads", "1", "--json"});
+    const CliResult r =
+        cli(dir, {"bench", "--heads", "4",   "--kv-heads", "2",    "--seqlen-q", "64", "--seqlen-k", "80", "--head-dim",
+                  "32",    "--dtype", dtype, "--window",   "16,0", "--repeats",  "1",  "--threads",  "1",  "--json"});
     INFO(dtype << ": " << r.err);
     CHECK(r.code == 0);
     for (const char* key : {"\"flash\"", "\"standard\"", "\"gflops\"", "\"percent_of_peak\"", "\"scratch_bytes\""})
@@ -1990,8 +1993,8 @@ TEST_CASE("sweep cli: bench reports the peak memory of flash and of standard att
   }
   // Standard attention holds a 96 x 200 fp32 score matrix per head at least; flash holds less.
   CHECK(j["standard"]["peak_memory_bytes"].get<double>() >= io + 96 * 200 * 4);
-  const CliResult text = cli(dir, {"bench", "--heads", "2", "--seqlen-q", "96", "--seqlen-k", "200", "--head-dim",
-                                   "32", "--repeats", "1", "--threads", "1"});
+  const CliResult text = cli(dir, {"bench", "--heads", "2", "--seqlen-q", "96", "--seqlen-k", "200", "--head-dim", "32",
+                                   "--repeats", "1", "--threads", "1"});
   REQUIRE(text.code == 0);
   CHECK(text.out.find("peak memory") != std::string::npos);
 }
@@ -2014,8 +2017,10 @@ TEST_CASE("sweep cli: explain's K/V figure never exceeds the problem's K/V", "[s
   double value = 0;
   std::string unit;
   in >> value >> unit;
-  const double scale = unit.rfind("GiB", 0) == 0 ? 0x1p30 : unit.rfind("MiB", 0) == 0 ? 0x1p20
-                       : unit.rfind("KiB", 0) == 0 ? 0x1p10 : 1.0;
+  const double scale = unit.rfind("GiB", 0) == 0   ? 0x1p30
+                       : unit.rfind("MiB", 0) == 0 ? 0x1p20
+                       : unit.rfind("KiB", 0) == 0 ? 0x1p10
+                                                   : 1.0;
   CHECK(value * scale <= 8.0 * 32768 * 256 * 2);
 }
 

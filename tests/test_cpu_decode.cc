@@ -101,8 +101,10 @@ TEST_CASE("decode: NaN in one K or V row reaches exactly the rows that read it",
       std::mt19937 rng(5);
       bufs.randomize(rng);
       const int64_t key = c.seqlen_k - 2;
-      if (which == 0) bufs.k.set(0, key, 1, 3, kNaN);
-      else bufs.v.set(0, key, 1, 3, kNaN);
+      if (which == 0)
+        bufs.k.set(0, key, 1, 3, kNaN);
+      else
+        bufs.v.set(0, key, 1, 3, kNaN);
       REQUIRE(ioattn::test::run_cpu_kernel(c, bufs).is_ok());
       const ioattn::test::Verdict v = ioattn::test::check_against_reference(c, bufs);
       INFO("NaN in " << (which == 0 ? "K" : "V") << ", threads " << threads << ": " << v.report());
@@ -148,8 +150,7 @@ TEST_CASE("decode: bitwise identical for any thread count with key splits", "[cp
   }
 }
 
-TEST_CASE("decode: key splits cut in 32-key blocks, more splits than blocks, windows past key 0",
-          "[cpu][decode]") {
+TEST_CASE("decode: key splits cut in 32-key blocks, more splits than blocks, windows past key 0", "[cpu][decode]") {
   // A split is a run of whole decode blocks counted from the first visible key, as even as the
   // blocks allow; with more splits than blocks some splits are empty and merge as (0, -inf, 0).
   // A left window moves the first visible key off 0, and two causal query positions (G x 2 = 8
@@ -191,9 +192,7 @@ TEST_CASE("decode: every compiled Highway target", "[cpu][decode]") {
       c.causal = true;
       c.threads = 2;
       c.tiling.kv_splits = 2;
-      DYNAMIC_SECTION(ioattn::test::target_name(target) << " " << c.describe()) {
-        check_case(c, uint32_t(40 + index));
-      }
+      DYNAMIC_SECTION(ioattn::test::target_name(target) << " " << c.describe()) { check_case(c, uint32_t(40 + index)); }
     }
   }
 }

@@ -92,10 +92,10 @@ void check_poisoned_shapes(AttnCase c) {
     bool causal;
     int64_t left, right;
   };
-  const Shape shapes[] = {{8, 2, 1, 300, 64, 64, false, -1, -1},  {8, 2, 2, 517, 40, 24, true, -1, -1},
-                          {4, 2, 60, 20, 7, 7, false, -1, -1},    {4, 2, 60, 20, 7, 7, false, -1, 0},
-                          {4, 2, 37, 53, 48, 48, false, 2, 3},    {1, 1, 9, 2100, 32, 32, false, -1, -1},
-                          {1, 1, 9, 2100, 32, 32, false, 40, 2},  {4, 1, 130, 130, 16, 72, true, 5, -1},
+  const Shape shapes[] = {{8, 2, 1, 300, 64, 64, false, -1, -1}, {8, 2, 2, 517, 40, 24, true, -1, -1},
+                          {4, 2, 60, 20, 7, 7, false, -1, -1},   {4, 2, 60, 20, 7, 7, false, -1, 0},
+                          {4, 2, 37, 53, 48, 48, false, 2, 3},   {1, 1, 9, 2100, 32, 32, false, -1, -1},
+                          {1, 1, 9, 2100, 32, 32, false, 40, 2}, {4, 1, 130, 130, 16, 72, true, 5, -1},
                           {2, 1, 40, 9, 16, 16, true, -1, -1}};
   for (const Shape& s : shapes) {
     c.heads_q = s.hq;
@@ -297,26 +297,26 @@ TEST_CASE("f32 with large scores stays within the rule: the exponent's error doe
   // subtracted afterwards must not turn that into an absolute error of the exponent larger than
   // a naive f32 softmax has.
   on_every_target_and_plan([](AttnCase c) {
-  for (uint32_t seed : {2u, 3u}) {
-    c.heads_q = 4;
-    c.heads_kv = 4;
-    c.seqlen_q = 31;
-    c.seqlen_k = 513;
-    c.head_dim = 59;
-    c.head_dim_v = 72;
-    c.o_layout.row_pad = 5;
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> n(0.f, 1.f);
-    std::uniform_real_distribution<float> u(0.f, 1.f);
-    auto outlier = [&](int64_t, int64_t, int64_t, int64_t) { return n(rng) * (u(rng) < 0.01f ? 20.f : 1.f); };
-    AttnBuffers bufs(c);
-    bufs.q.fill(outlier);
-    bufs.k.fill(outlier);
-    bufs.v.fill(outlier);
-    const ioattn::test::Verdict v = run_filled(c, bufs);
-    INFO(c.describe() << " seed " << seed << ": " << v.report());
-    CHECK(v.ok);
-  }
+    for (uint32_t seed : {2u, 3u}) {
+      c.heads_q = 4;
+      c.heads_kv = 4;
+      c.seqlen_q = 31;
+      c.seqlen_k = 513;
+      c.head_dim = 59;
+      c.head_dim_v = 72;
+      c.o_layout.row_pad = 5;
+      std::mt19937 rng(seed);
+      std::normal_distribution<float> n(0.f, 1.f);
+      std::uniform_real_distribution<float> u(0.f, 1.f);
+      auto outlier = [&](int64_t, int64_t, int64_t, int64_t) { return n(rng) * (u(rng) < 0.01f ? 20.f : 1.f); };
+      AttnBuffers bufs(c);
+      bufs.q.fill(outlier);
+      bufs.k.fill(outlier);
+      bufs.v.fill(outlier);
+      const ioattn::test::Verdict v = run_filled(c, bufs);
+      INFO(c.describe() << " seed " << seed << ": " << v.report());
+      CHECK(v.ok);
+    }
   });
 }
 
@@ -325,8 +325,7 @@ TEST_CASE("NaN in one Q, K or V row reaches exactly the rows that read it, on ev
   on_every_target_and_plan(check_poisoned_rows);
 }
 
-TEST_CASE("NaN in K and V under decode, split, GQA and masked shapes, on every target and plan",
-          "[cpu][edge][nan]") {
+TEST_CASE("NaN in K and V under decode, split, GQA and masked shapes, on every target and plan", "[cpu][edge][nan]") {
   on_every_target_and_plan(check_poisoned_shapes);
 }
 

@@ -56,9 +56,8 @@ TEST_CASE("every compiled Highway target: odd shapes, masks, dtypes", "[cpu][for
 
 TEST_CASE("sequence-length grid: Sq != Sk both ways, not multiples of any block", "[cpu][forward]") {
   const std::vector<std::pair<int64_t, int64_t>> lengths = {
-      {1, 1},     {2, 3},     {3, 2},     {17, 17},  {97, 113}, {113, 97},  {127, 257},
-      {257, 127}, {1, 339},   {239, 1},   {799, 3},  {3, 799},  {1023, 17}, {17, 1025},
-      {1025, 1023}};
+      {1, 1},   {2, 3},   {3, 2},   {17, 17}, {97, 113},  {113, 97},  {127, 257},  {257, 127},
+      {1, 339}, {239, 1}, {799, 3}, {3, 799}, {1023, 17}, {17, 1025}, {1025, 1023}};
   uint32_t seed = 100;
   for (auto [sq, sk] : lengths) {
     for (bool causal : {false, true}) {
@@ -165,9 +164,9 @@ TEST_CASE("layouts: batch > 1, strides differing per axis, BHSD, padded rows, st
 
 TEST_CASE("forced tilings: block sizes, kv splits, with masks", "[cpu][forward][tiling]") {
   uint32_t seed = 500;
-  const std::vector<ioattn::TilingOverride> tilings = {
-      {1, 1, 0}, {6, 16, 0}, {7, 5, 0}, {48, 192, 0}, {64, 17, 0}, {500, 1000, 0},
-      {0, 32, 2}, {0, 16, 3}, {13, 7, 4}, {0, 0, 7}, {96, 48, 16}};
+  const std::vector<ioattn::TilingOverride> tilings = {{1, 1, 0},   {6, 16, 0},     {7, 5, 0},   {48, 192, 0},
+                                                       {64, 17, 0}, {500, 1000, 0}, {0, 32, 2},  {0, 16, 3},
+                                                       {13, 7, 4},  {0, 0, 7},      {96, 48, 16}};
   for (const auto& t : tilings) {
     for (bool causal : {false, true}) {
       AttnCase c;

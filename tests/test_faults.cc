@@ -156,7 +156,8 @@ TEST_CASE("KV-cache forward: a failure after the append is staged restores the c
     std::normal_distribution<float> normal;
     Bytes k_pristine(size_t(outer * rows * Hkv * D * esize)), v_pristine(k_pristine.size());
     for (Bytes* c : {&k_pristine, &v_pristine})
-      for (int64_t i = 0; i < outer * rows * Hkv * D; ++i) ioattn::store_from_f32(c->data(), i, DType(cache_dtype), normal(rng));
+      for (int64_t i = 0; i < outer * rows * Hkv * D; ++i)
+        ioattn::store_from_f32(c->data(), i, DType(cache_dtype), normal(rng));
     Bytes k_cache = k_pristine, v_cache = v_pristine;
     std::vector<float> q(size_t(B * Sq * Hq * D)), k_new(size_t(B * Snew * Hkv * D)), v_new(k_new.size());
     for (auto* v : {&q, &k_new, &v_new})
@@ -173,26 +174,28 @@ TEST_CASE("KV-cache forward: a failure after the append is staged restores the c
       cache.max_pages_per_seq = int32_t(pages_per_seq);
     }
     ioattn_tensor tq = dense(q.data(), IOATTN_F32, B, Sq, Hq, D), to = dense(out.data(), IOATTN_F32, B, Sq, Hq, D);
-    ioattn_tensor tkn = dense(k_new.data(), IOATTN_F32, B, Snew, Hkv, D), tvn = dense(v_new.data(), IOATTN_F32, B, Snew, Hkv, D);
+    ioattn_tensor tkn = dense(k_new.data(), IOATTN_F32, B, Snew, Hkv, D),
+                  tvn = dense(v_new.data(), IOATTN_F32, B, Snew, Hkv, D);
     ioattn_options opt;
     ioattn_options_default(&opt);
     opt.causal = 1;
     opt.num_threads = 2;
-    const int failures = exhaust_allocations(
-        [&] { return ioattn_forward_kvcache(&tq, &cache, &tkn, &tvn, &to, lse.data(), &opt); },
-        [&] {
-          Bytes s = bytes_of(out.data(), out.size() * 4);
-          for (const Bytes* part : {&k_cache, &v_cache}) s.insert(s.end(), part->begin(), part->end());
-          const Bytes l = bytes_of(lse.data(), lse.size() * 4);
-          s.insert(s.end(), l.begin(), l.end());
-          return s;
-        },
-        [&] {
-          k_cache = k_pristine;
-          v_cache = v_pristine;
-          std::fill(out.begin(), out.end(), -5.f);
-          std::fill(lse.begin(), lse.end(), -5.f);
-        });
+    const int failures =
+        exhaust_allocations([&] { return ioattn_forward_kvcache(&tq, &cache, &tkn, &tvn, &to, lse.data(), &opt); },
+                            [&] {
+                              Bytes s = bytes_of(out.data(), out.size() * 4);
+                              for (const Bytes* part : {&k_cache, &v_cache})
+                                s.insert(s.end(), part->begin(), part->end());
+                              const Bytes l = bytes_of(lse.data(), lse.size() * 4);
+                              s.insert(s.end(), l.begin(), l.end());
+                              return s;
+                            },
+                            [&] {
+                              k_cache = k_pristine;
+                              v_cache = v_pristine;
+                              std::fill(out.begin(), out.end(), -5.f);
+                              std::fill(lse.begin(), lse.end(), -5.f);
+                            });
     CHECK(failures >= 3);  // the staging backup, then at least the kernel's two
   }
 }

@@ -232,7 +232,9 @@ void for_each_output(const Problem& pr, OutFn out_fn, LseFn lse_fn) {
 
 // Output rounding noise of the storage type: 2 ulp of the largest reference magnitude.
 double output_floor(DType t, double max_abs) {
-  const double rel = t == DType::bf16 ? std::ldexp(1.0, -7) : t == DType::f16 ? std::ldexp(1.0, -10) : std::ldexp(1.0, -23);
+  const double rel = t == DType::bf16  ? std::ldexp(1.0, -7)
+                     : t == DType::f16 ? std::ldexp(1.0, -10)
+                                       : std::ldexp(1.0, -23);
   return 2.0 * rel * std::max(max_abs, 1e-6);
 }
 
@@ -266,7 +268,8 @@ Oracle make_oracle(const Problem& pr) {
       [&](int64_t i) {
         const double ref = o.lse_ref[size_t(i)];
         if (std::isfinite(ref))
-          o.lse_tol[size_t(i)] = 2 * std::fabs(double(lse_naive[size_t(i)]) - ref) + 1e-5 * std::max(1.0, std::fabs(ref));
+          o.lse_tol[size_t(i)] =
+              2 * std::fabs(double(lse_naive[size_t(i)]) - ref) + 1e-5 * std::max(1.0, std::fabs(ref));
       });
   o.out_tol = 2 * naive_err + output_floor(pr.c.dtype, o.max_ref);
   return o;
@@ -549,7 +552,8 @@ TEST_CASE("C ABI: ioattn_forward with backend CUDA runs the CUDA kernel", "[gpu]
   const Oracle o = make_oracle(pr);
   const AttnParams d = pr.device_params();
   auto tensor = [&](void* data, const Tensor& t) {
-    return ioattn_tensor{data, int32_t(c.dtype), t.batch, t.seqlen, t.heads, t.dim, t.stride_batch, t.stride_seq, t.stride_head};
+    return ioattn_tensor{data,  int32_t(c.dtype), t.batch,      t.seqlen,     t.heads,
+                         t.dim, t.stride_batch,   t.stride_seq, t.stride_head};
   };
   const ioattn_tensor q = tensor(const_cast<void*>(d.q), pr.tq), k = tensor(const_cast<void*>(d.k), pr.tk);
   const ioattn_tensor v = tensor(const_cast<void*>(d.v), pr.tv), out = tensor(d.out, pr.to);

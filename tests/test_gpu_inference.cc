@@ -190,8 +190,8 @@ void run_kvcache(const KvCase& c, std::mt19937& rng) {
     // Both device allocations, the decode partials (first) and the copy of the cache slots the
     // append overwrites (second, only with new rows), come before the append: either failure
     // leaves cache, out and lse as they were, and the next call works.
-    const std::vector<std::pair<long, const char*>> failures = {
-        {0, "split-KV decode partials"}, {1, "overwritten KV-cache slots"}};
+    const std::vector<std::pair<long, const char*>> failures = {{0, "split-KV decode partials"},
+                                                                {1, "overwritten KV-cache slots"}};
     for (const auto& [after, what] : failures) {
       if (after == 1 && c.snew == 0) continue;
       INFO("failing allocation " << after << ": " << what);

@@ -34,8 +34,8 @@ HardwareProfile builtin(const std::string& name) {
 }  // namespace
 
 TEST_CASE("every required built-in profile exists, with sources for each figure") {
-  const std::set<std::string> required = {"zen3", "spr-xeon", "neoverse-v1", "neoverse-v2", "apple-m2", "rpi5",
-                                          "a100-80gb", "h100-sxm", "h200-sxm", "rtx4090", "jetson-orin"};
+  const std::set<std::string> required = {"zen3",      "spr-xeon", "neoverse-v1", "neoverse-v2", "apple-m2",   "rpi5",
+                                          "a100-80gb", "h100-sxm", "h200-sxm",    "rtx4090",     "jetson-orin"};
   std::set<std::string> names;
   for (const HardwareProfile& hw : builtin_profiles()) {
     INFO(hw.name);
@@ -216,14 +216,19 @@ TEST_CASE("a malformed profile file is an error naming the file and the field") 
       {"{not json", "not valid JSON"},
       {R"({"kind": "cpu"})", "'name'"},
       {R"({"name": "x", "kind": "tpu", "cores": 1, "fma_gflops_per_core": 1, "levels": []})", "'kind'"},
-      {R"({"name": "x", "kind": "cpu", "cores": "two", "fma_gflops_per_core": 1})", R"('cores' must be an integer, got "two")"},
+      {R"({"name": "x", "kind": "cpu", "cores": "two", "fma_gflops_per_core": 1})",
+       R"('cores' must be an integer, got "two")"},
       {R"({"name": "x", "kind": "cpu", "cores": 1, "fma_gflops_per_core": 1, "levels": [{"name": "L1d", "size_bytes": 1e15, "bandwidth_gbs": 1}, {"name": "DRAM", "size_bytes": 0, "bandwidth_gbs": 1}]})",
        "'size_bytes' must be an integer, got 1"},
       {R"({"name": "x", "kind": "cpu", "cores": 0, "fma_gflops_per_core": 1})", "'cores'"},
-      {R"({"name": "x", "kind": "cpu", "cores": 1, "fma_gflops_per_core": 1, "levels": [{"name": "DRAM", "size_bytes": 0, "bandwidth_gbs": 1}]})", "'levels'"},
-      {R"({"name": "x", "kind": "cpu", "cores": 1, "fma_gflops_per_core": 1, "levels": [{"name": "L1d", "size_bytes": 1024, "bandwidth_gbs": 1}, {"name": "DRAM", "size_bytes": 5, "bandwidth_gbs": 1}]})", "'size_bytes'"},
-      {R"({"name": "x", "kind": "cpu", "cores": 1, "fma_gflops_per_core": 1, "levels": [{"name": "L1d", "size_bytes": 1024}, {"name": "DRAM", "size_bytes": 0, "bandwidth_gbs": 1}]})", "'bandwidth_gbs'"},
-      {R"({"name": "x", "kind": "gpu", "cores": 1, "fma_gflops_per_core": 1, "levels": [{"name": "smem", "size_bytes": 1024, "bandwidth_gbs": 1}, {"name": "HBM", "size_bytes": 0, "bandwidth_gbs": 1}]})", "'smem_per_block_bytes'"},
+      {R"({"name": "x", "kind": "cpu", "cores": 1, "fma_gflops_per_core": 1, "levels": [{"name": "DRAM", "size_bytes": 0, "bandwidth_gbs": 1}]})",
+       "'levels'"},
+      {R"({"name": "x", "kind": "cpu", "cores": 1, "fma_gflops_per_core": 1, "levels": [{"name": "L1d", "size_bytes": 1024, "bandwidth_gbs": 1}, {"name": "DRAM", "size_bytes": 5, "bandwidth_gbs": 1}]})",
+       "'size_bytes'"},
+      {R"({"name": "x", "kind": "cpu", "cores": 1, "fma_gflops_per_core": 1, "levels": [{"name": "L1d", "size_bytes": 1024}, {"name": "DRAM", "size_bytes": 0, "bandwidth_gbs": 1}]})",
+       "'bandwidth_gbs'"},
+      {R"({"name": "x", "kind": "gpu", "cores": 1, "fma_gflops_per_core": 1, "levels": [{"name": "smem", "size_bytes": 1024, "bandwidth_gbs": 1}, {"name": "HBM", "size_bytes": 0, "bandwidth_gbs": 1}]})",
+       "'smem_per_block_bytes'"},
   };
   int i = 0;
   for (const Bad& bad : cases) {

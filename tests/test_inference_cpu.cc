@@ -200,8 +200,7 @@ void run_kvcache_case(const KvCase& c, std::mt19937& rng) {
     check_close(out.data() + b * c.sq * c.hq * c.d, o, c.sq * c.hq * c.d, "out");
     for (int64_t h = 0; h < c.hq; ++h)
       for (int64_t i = 0; i < c.sq; ++i)
-        check_lse(lse[size_t((b * c.hq + h) * c.sq + i)], o.lse64[size_t(h * c.sq + i)],
-                  o.lse32[size_t(h * c.sq + i)]);
+        check_lse(lse[size_t((b * c.hq + h) * c.sq + i)], o.lse64[size_t(h * c.sq + i)], o.lse32[size_t(h * c.sq + i)]);
   }
 }
 
@@ -295,8 +294,8 @@ TEST_CASE("decode mode over paged caches: page sizes 1, 16, 256, Sq 1 and 2, GQA
         if (g * sq > 8) continue;
         ++index;
         const DType t = index % 2 ? DType::bf16 : DType::f16;
-        KvCase c{1 + index % 3, 2 * g, 2, index % 3 == 0 ? 72 : 128, sq, sq, page, t, 1, index % 4 == 1 ? 50 : -1,
-                 -1, 0.f};
+        KvCase c{1 + index % 3, 2 * g, 2, index % 3 == 0 ? 72 : 128, sq, sq,
+                 page,          t,     1, index % 4 == 1 ? 50 : -1,  -1, 0.f};
         DYNAMIC_SECTION("page " << page << " Sq " << sq << " G " << g) { run_kvcache_case(c, rng); }
       }
 }

@@ -43,7 +43,11 @@ TEST_CASE("each outline field names this plan's figures") {
     const Plan plan = plan_for(pr, hw);
     const TrafficReport t = predict_traffic(pr, plan, hw);
     const DesignOutline o = designOutline(pr, plan, hw);
-    INFO(c.hw << "\n" << o.memoryTraffic << "\n" << o.tiling << "\n" << o.numericalStability << "\n" << o.tradeoff << "\n"
+    INFO(c.hw << "\n"
+              << o.memoryTraffic << "\n"
+              << o.tiling << "\n"
+              << o.numericalStability << "\n"
+              << o.tradeoff << "\n"
               << o.failureMode);
 
     for (const BoundaryTraffic& b : t.levels) {

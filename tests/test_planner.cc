@@ -54,8 +54,8 @@ TEST_CASE("CPU plans fit their level, divide by the register tile and never exce
       CHECK(plan.target_level == "L2");
       CHECK(plan.target_level_bytes == cpu_target_capacity(hw));
       CHECK(plan.working_set_bytes <= int64_t(kCpuCacheFill * double(plan.target_level_bytes)));
-      CHECK(plan.working_set_bytes ==
-            cpu_working_set_bytes(plan.block_q, plan.block_kv, round_up(pr.head_dim, lanes), round_up(pr.head_dim_v, lanes)));
+      CHECK(plan.working_set_bytes == cpu_working_set_bytes(plan.block_q, plan.block_kv, round_up(pr.head_dim, lanes),
+                                                            round_up(pr.head_dim_v, lanes)));
       CHECK(plan.reg_rows == tile.rows);
       CHECK(plan.reg_cols == tile.vecs * lanes);
       CHECK(plan.block_q % plan.reg_rows == 0);

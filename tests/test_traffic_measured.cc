@@ -179,13 +179,13 @@ TEST_CASE("ncu CSV rows are summed per metric with units", "[traffic_measured]")
 
 TEST_CASE("ncu counts (sectors, requests) are kept per metric for the L2 split", "[traffic_measured]") {
   const std::string row = "\"0\",\"flash_fwd_kernel\",";
-  const std::string text = "ioattn-ncu impl=ioattn batch=1 heads=16 seqlen=1024 dim=128 causal=0 dtype=bf16\n"
-                           "\"ID\",\"Kernel Name\",\"Metric Name\",\"Metric Unit\",\"Metric Value\"\n" +
-                           row + "\"dram__bytes_read.sum\",\"byte\",\"10\"\n" + row +
-                           "\"dram__bytes_write.sum\",\"byte\",\"20\"\n" + row +
-                           "\"lts__t_sectors_srcunit_tex.sum\",\"sector\",\"1,000\"\n" + row +
-                           "\"lts__t_sectors_srcunit_tex.sum\",\"sector\",\"24\"\n" + row +
-                           "\"lts__t_requests_srcunit_tex.sum\",\"request\",\"7\"\n";
+  const std::string text =
+      "ioattn-ncu impl=ioattn batch=1 heads=16 seqlen=1024 dim=128 causal=0 dtype=bf16\n"
+      "\"ID\",\"Kernel Name\",\"Metric Name\",\"Metric Unit\",\"Metric Value\"\n" +
+      row + "\"dram__bytes_read.sum\",\"byte\",\"10\"\n" + row + "\"dram__bytes_write.sum\",\"byte\",\"20\"\n" + row +
+      "\"lts__t_sectors_srcunit_tex.sum\",\"sector\",\"1,000\"\n" + row +
+      "\"lts__t_sectors_srcunit_tex.sum\",\"sector\",\"24\"\n" + row +
+      "\"lts__t_requests_srcunit_tex.sum\",\"request\",\"7\"\n";
   GpuPoint g;
   std::string error;
   REQUIRE(parse_gpu_sample("synthetic", text, &g, &error));
@@ -197,9 +197,10 @@ TEST_CASE("ncu counts (sectors, requests) are kept per metric for the L2 split",
   CHECK_FALSE(l2_split(g, &split));
 }
 
-TEST_CASE("the recorded L2 split: its sources cover lts__t_sectors, and the CUDA kernel's lookups are "
-          "the SMs' own",
-          "[traffic_measured]") {
+TEST_CASE(
+    "the recorded L2 split: its sources cover lts__t_sectors, and the CUDA kernel's lookups are "
+    "the SMs' own",
+    "[traffic_measured]") {
   const auto [points, h200] = gpu_samples(load_split_points, 10);
   for (const GpuPoint& g : points) {
     L2Split m;

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <limits>
 
-#include "common/reference.h"
 #include "common/hardware.h"
+#include "common/reference.h"
 #include "tools/cli.h"
 #include "tools/device_buffer.h"
 

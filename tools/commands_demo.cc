@@ -7,10 +7,10 @@
 #include <iostream>
 #include <random>
 
+#include "common/hardware.h"
 #include "common/outline.h"
 #include "common/planner.h"
 #include "common/traffic.h"
-#include "common/hardware.h"
 #include "tools/args.h"
 #include "tools/attention_job.h"
 #include "tools/cli.h"

@@ -102,7 +102,8 @@ int print_ceilings(int threads, bool as_json) {
         std::snprintf(item, sizeof(item), "%s%d: %.1f", text.empty() ? "" : ", ", streams, gbs);
         text += item;
       }
-      read.push_back({{"threads", t}, {"bytes", bytes}, {"gbs", r.gbs}, {"streams", r.streams}, {"by_streams", methods}});
+      read.push_back(
+          {{"threads", t}, {"bytes", bytes}, {"gbs", r.gbs}, {"streams", r.streams}, {"by_streams", methods}});
       if (!as_json) {
         std::printf("read, %d thread(s), %s: %.1f GB/s, best of streams per thread (%s GB/s)\n", t,
                     human_bytes(double(bytes)).c_str(), r.gbs, text.c_str());
@@ -148,7 +149,8 @@ int cmd_bench(int argc, char** argv) {
   }
   if (const auto target = a.value("--target")) {
     if (!peers::force_target(*target)) {
-      throw usage_error("bench: --target '" + *target + "': not a Highway target this build compiles and this machine runs");
+      throw usage_error("bench: --target '" + *target +
+                        "': not a Highway target this build compiles and this machine runs");
     }
   }
   if (a.has("--ceilings")) {
@@ -238,11 +240,12 @@ int cmd_bench(int argc, char** argv) {
                 peak > 0 ? 100 * gflops / peak : 0.0, theory > 0 ? 100 * gflops / theory : 0.0,
                 human_bytes(double(m.scratch_bytes)).c_str(), human_bytes(io_bytes + double(m.scratch_bytes)).c_str());
   }
-  std::printf("flash is %.2fx standard; standard peaks at %.2fx flash's memory; flash block_q %d x block_kv %d; "
-              "max |flash - standard| = %.3e\n",
-              standard.seconds / flash.seconds,
-              (io_bytes + double(standard.scratch_bytes)) / (io_bytes + double(flash.scratch_bytes)), plan.block_q,
-              plan.block_kv, max_diff);
+  std::printf(
+      "flash is %.2fx standard; standard peaks at %.2fx flash's memory; flash block_q %d x block_kv %d; "
+      "max |flash - standard| = %.3e\n",
+      standard.seconds / flash.seconds,
+      (io_bytes + double(standard.scratch_bytes)) / (io_bytes + double(flash.scratch_bytes)), plan.block_q,
+      plan.block_kv, max_diff);
   return kExitOk;
 }
 

@@ -50,12 +50,18 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const int64_t value = std::atoll(argv[i + 1]);
-    if (flag == "--max-seqlen") max_seqlen = value;
-    else if (flag == "--seqlen") only_seqlen = value;
-    else if (flag == "--head-dim") only_dim = value;
-    else if (flag == "--causal") only_causal = value;
-    else if (flag == "--iters") iters = value;
-    else return unknown_flag(flag);
+    if (flag == "--max-seqlen")
+      max_seqlen = value;
+    else if (flag == "--seqlen")
+      only_seqlen = value;
+    else if (flag == "--head-dim")
+      only_dim = value;
+    else if (flag == "--causal")
+      only_causal = value;
+    else if (flag == "--iters")
+      iters = value;
+    else
+      return unknown_flag(flag);
   }
   if (!ioattn::gpu::available()) return skipped_without_device();
   constexpr int64_t kTokens = 16384, kHidden = 2048;
@@ -63,8 +69,10 @@ int main(int argc, char** argv) {
   const size_t n = static_cast<size_t>(elements);
   std::vector<uint16_t> hq(n), hk(n), hv(n), ho(n);
   void *dq, *dk, *dv, *dout;
-  if (!check(cudaMalloc(&dq, size_t(elements) * 2), "malloc") || !check(cudaMalloc(&dk, size_t(elements) * 2), "malloc") ||
-      !check(cudaMalloc(&dv, size_t(elements) * 2), "malloc") || !check(cudaMalloc(&dout, size_t(elements) * 2), "malloc"))
+  if (!check(cudaMalloc(&dq, size_t(elements) * 2), "malloc") ||
+      !check(cudaMalloc(&dk, size_t(elements) * 2), "malloc") ||
+      !check(cudaMalloc(&dv, size_t(elements) * 2), "malloc") ||
+      !check(cudaMalloc(&dout, size_t(elements) * 2), "malloc"))
     return 1;
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
@@ -74,7 +82,8 @@ int main(int argc, char** argv) {
   for (const int64_t d : {64, 128}) {
     for (const bool causal : {false, true}) {
       for (int64_t s = 512; s <= std::min<int64_t>(max_seqlen, 16384); s *= 2) {
-        if ((only_seqlen && s != only_seqlen) || (only_dim && d != only_dim) || (only_causal >= 0 && causal != (only_causal != 0)))
+        if ((only_seqlen && s != only_seqlen) || (only_dim && d != only_dim) ||
+            (only_causal >= 0 && causal != (only_causal != 0)))
           continue;
         for (auto* buf : {&hq, &hk, &hv})
           for (auto& x : *buf) x = ioattn::f32_to_bf16(rng.next());

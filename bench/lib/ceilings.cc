@@ -128,8 +128,8 @@ std::string cpuinfo_field(const std::string& key) {
 // cycle), client Ice Lake / Tiger Lake / Rocket Lake fuse ports 0 and 1 into their one 512-bit
 // FMA.
 struct CoreRow {
-  const char* vendor;  // vendor_id on x86; "ARM" for Arm's own cores (CPU implementer 0x41)
-  int family;          // x86 cpu family; 0 on Arm
+  const char* vendor;      // vendor_id on x86; "ARM" for Arm's own cores (CPU implementer 0x41)
+  int family;              // x86 cpu family; 0 on Arm
   int model_lo, model_hi;  // x86 model range, or the Arm CPU part
   const char* name;
   int fma128, fma256, fma512;
@@ -266,13 +266,13 @@ double measure_clock_ghz(int threads, int fma_per_cycle, double seconds) {
   return best;
 }
 
-double FmaCeiling::theoretical_gflops() const {
-  return double(cores) * core.fma_per_cycle * lanes * 2 * clock_ghz;
-}
+double FmaCeiling::theoretical_gflops() const { return double(cores) * core.fma_per_cycle * lanes * 2 * clock_ghz; }
 
 std::vector<std::pair<std::string, double>> FmaCeiling::counters() const {
-  std::vector<std::pair<std::string, double>> c = {
-      {"GFLOP/s", probe_gflops}, {"core_GFLOP/s", probe_core_gflops}, {"GHz", clock_ghz}, {"int_GHz", integer_clock_ghz}};
+  std::vector<std::pair<std::string, double>> c = {{"GFLOP/s", probe_gflops},
+                                                   {"core_GFLOP/s", probe_core_gflops},
+                                                   {"GHz", clock_ghz},
+                                                   {"int_GHz", integer_clock_ghz}};
   const double theory = theoretical_gflops();
   if (theory > 0) {
     c.emplace_back("theory_GFLOP/s", theory);
@@ -301,7 +301,8 @@ std::string ReadCeiling::describe() const {
 std::string FmaCeiling::describe() const {
   char text[320];
   if (core.fma_per_cycle == 0) {
-    std::snprintf(text, sizeof(text), "theoretical peak unknown: %s, %s %d lanes, %.2f GHz under FMA load (%.2f integer)",
+    std::snprintf(text, sizeof(text),
+                  "theoretical peak unknown: %s, %s %d lanes, %.2f GHz under FMA load (%.2f integer)",
                   core.core.c_str(), target.c_str(), lanes, clock_ghz, integer_clock_ghz);
   } else {
     std::snprintf(text, sizeof(text),

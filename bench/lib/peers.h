@@ -16,8 +16,8 @@ namespace ioattn::peers {
 // A core's fp32 FMA issue rate at one vector width, from a table of documented cores
 // (ceilings.cc) keyed by /proc/cpuinfo's vendor, family and model (Arm: CPU part).
 struct CoreFma {
-  std::string core;        // the table's row, or "unknown core (<vendor> family F model M)"
-  int fma_per_cycle = 0;   // vector FMA instructions per cycle per core; 0 = not known
+  std::string core;       // the table's row, or "unknown core (<vendor> family F model M)"
+  int fma_per_cycle = 0;  // vector FMA instructions per cycle per core; 0 = not known
 };
 CoreFma core_fma(int vector_bits);
 
@@ -38,14 +38,14 @@ double measure_clock_ghz(int threads, int fma_per_cycle, double seconds = 0.05);
 // Highway vector in registers (12 with 16 vector registers, 24 with 32: latency x FMA ports is
 // 8-10 on the x86 cores of core_fma's table, 16 on Neoverse V1/V2), 3 runs of about `seconds`.
 struct FmaCeiling {
-  double probe_gflops = 0;       // FLOPs over wall time, best of the 3 runs: the fp32 FMA peak
+  double probe_gflops = 0;  // FLOPs over wall time, best of the 3 runs: the fp32 FMA peak
   // FLOPs over each thread's own CPU time, summed: the probe's rate while it runs, which other
   // processes sharing the cores do not lower (as the clock's); best of the same 3 runs.
   double probe_core_gflops = 0;
   double clock_ghz = 0;          // measure_clock_ghz under FMA load, the higher of before and after
   double integer_clock_ghz = 0;  // measure_clock_ghz without FMAs, for comparison
   int cores = 0, lanes = 0;
-  std::string target;       // Highway target the probe ran
+  std::string target;  // Highway target the probe ran
   CoreFma core;
   double theoretical_gflops() const;  // 0 when the core is not in the table
   // "2 cores x 2 FMA/cycle x 16 lanes x 2 x 2.90 GHz = 371.2 GFLOP/s (<core>, <target>; clock
@@ -79,7 +79,7 @@ inline constexpr int kReadStreams[] = {1, 2, 4, 8};
 // last-level cache measures DRAM, a smaller one the cache.
 struct ReadCeiling {
   double gbs = 0;
-  int streams = 1;                               // the method that won
+  int streams = 1;                                 // the method that won
   std::vector<std::pair<int, double>> by_streams;  // (streams per thread, GB/s) of each method
   // (name, value) for a benchmark's counters: GB/s, then s<streams>_GB/s of each method.
   std::vector<std::pair<std::string, double>> counters() const;

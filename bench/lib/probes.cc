@@ -1,8 +1,10 @@
 // The Highway parts of the peers: the FMA-peak and read-bandwidth probes and the standard
 // attention's row softmax, compiled for every target and dispatched once per call.
+// clang-format off: foreach_target.h must follow HWY_TARGET_INCLUDE, before the other includes.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "bench/lib/probes.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+// clang-format on
 
 #include <cmath>
 #include <cstddef>
@@ -10,8 +12,8 @@
 
 #include "bench/lib/probes.h"
 #include "common/online_softmax.h"
-#include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace ioattn::peers {

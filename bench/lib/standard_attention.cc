@@ -33,14 +33,17 @@ Status standard_attention(const AttnParams& p, int threads, size_t* scratch_byte
     for (int64_t h = 0; h < p.heads_q; ++h) {
       const int64_t hk = kv_head_of(p, h);
       for (int64_t i = 0; i < sq; ++i)
-        for (int64_t c = 0; c < d; ++c) q[size_t(i * d + c)] = load_as_f32(p.q, q_offset(p, b, span, i, h) + c, p.io_dtype);
+        for (int64_t c = 0; c < d; ++c)
+          q[size_t(i * d + c)] = load_as_f32(p.q, q_offset(p, b, span, i, h) + c, p.io_dtype);
       for (int64_t j = 0; j < sk; ++j) {
-        for (int64_t c = 0; c < d; ++c) k[size_t(j * d + c)] = load_as_f32(p.k, k_offset(p, b, span, j, hk) + c, p.kv_dtype);
-        for (int64_t c = 0; c < dv; ++c) v[size_t(j * dv + c)] = load_as_f32(p.v, v_offset(p, b, span, j, hk) + c, p.kv_dtype);
+        for (int64_t c = 0; c < d; ++c)
+          k[size_t(j * d + c)] = load_as_f32(p.k, k_offset(p, b, span, j, hk) + c, p.kv_dtype);
+        for (int64_t c = 0; c < dv; ++c)
+          v[size_t(j * dv + c)] = load_as_f32(p.v, v_offset(p, b, span, j, hk) + c, p.kv_dtype);
       }
       if (sk > 0 && sq > 0) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(sq), int(sk), int(d), p.scale, q.get(), int(d), k.get(),
-                    int(d), 0.f, s.get(), int(sk));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(sq), int(sk), int(d), p.scale, q.get(), int(d),
+                    k.get(), int(d), 0.f, s.get(), int(sk));
       }
       // Rows in chunks of 16: enough per task to amortize the hand-out, enough tasks to balance.
       const int64_t chunk = 16;
@@ -58,7 +61,8 @@ Status standard_attention(const AttnParams& p, int threads, size_t* scratch_byte
         std::fill_n(o.get(), size_t(sq * dv), 0.f);
       }
       for (int64_t i = 0; i < sq; ++i)
-        for (int64_t c = 0; c < dv; ++c) store_from_f32(p.out, o_offset(p, b, span, i, h) + c, p.io_dtype, o[size_t(i * dv + c)]);
+        for (int64_t c = 0; c < dv; ++c)
+          store_from_f32(p.out, o_offset(p, b, span, i, h) + c, p.io_dtype, o[size_t(i * dv + c)]);
     }
   }
   return Status::ok();

@@ -109,9 +109,8 @@ int main(int argc, char** argv) {
     const bool lookups = c.size() > 1;
     std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", g.name.c_str(), mb(g.dram_read).c_str(),
                 mb(g.dram_write).c_str(), mb(c[0].predicted).c_str(), mb(c[0].measured).c_str(),
-                pct(c[0].error()).c_str(), lookups ? mb(c[1].measured).c_str() : "-",
-                mb(pp.smem_l2).c_str(), lookups ? mb(c[1].predicted).c_str() : "-",
-                lookups ? pct(c[1].error()).c_str() : "-");
+                pct(c[0].error()).c_str(), lookups ? mb(c[1].measured).c_str() : "-", mb(pp.smem_l2).c_str(),
+                lookups ? mb(c[1].predicted).c_str() : "-", lookups ? pct(c[1].error()).c_str() : "-");
     for (const Comparison& x : c) {
       misses += std::fabs(x.error()) > kBar;
       if (gcsv.is_open())

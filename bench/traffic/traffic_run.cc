@@ -61,7 +61,8 @@ struct Args {
 int64_t positive(const char* flag, const char* text) {
   char* end = nullptr;
   const long long v = std::strtoll(text, &end, 10);
-  if (end == text || *end != '\0' || v < 1 || v > (1 << 20)) usage(std::string(flag) + " wants a positive integer, got '" + text + "'");
+  if (end == text || *end != '\0' || v < 1 || v > (1 << 20))
+    usage(std::string(flag) + " wants a positive integer, got '" + text + "'");
   return v;
 }
 
@@ -75,7 +76,8 @@ Args parse(int argc, char** argv) {
     };
     if (f == "--kernel") {
       a.kernel = value();
-      if (a.kernel != "flash" && a.kernel != "standard" && a.kernel != "none") usage("--kernel: unknown '" + a.kernel + "'");
+      if (a.kernel != "flash" && a.kernel != "standard" && a.kernel != "none")
+        usage("--kernel: unknown '" + a.kernel + "'");
     } else if (f == "--heads") {
       a.heads = positive("--heads", value());
     } else if (f == "--seqlen") {
@@ -90,9 +92,12 @@ Args parse(int argc, char** argv) {
       a.calls = positive("--calls", value());
     } else if (f == "--dtype") {
       const std::string t = value();
-      if (t == "f32") a.dtype = ioattn::DType::f32;
-      else if (t == "bf16") a.dtype = ioattn::DType::bf16;
-      else usage("--dtype: unknown '" + t + "' (f32, bf16)");
+      if (t == "f32")
+        a.dtype = ioattn::DType::f32;
+      else if (t == "bf16")
+        a.dtype = ioattn::DType::bf16;
+      else
+        usage("--dtype: unknown '" + t + "' (f32, bf16)");
     } else {
       usage("unknown flag '" + f + "'");
     }

@@ -36,9 +36,9 @@ struct FwdShape {
   static constexpr GpuTile tile{BlockQ, BlockKv, Warps, Stages, true};
   static constexpr int threads = warps * 32;
   static constexpr int warp_rows = block_q / warps;
-  static constexpr int m_tiles = warp_rows / 16;   // m16 tiles per warp
-  static constexpr int s_tiles = block_kv / 8;     // n8 tiles of S
-  static constexpr int o_tiles = D / 8;            // n8 tiles of O
+  static constexpr int m_tiles = warp_rows / 16;  // m16 tiles per warp
+  static constexpr int s_tiles = block_kv / 8;    // n8 tiles of S
+  static constexpr int o_tiles = D / 8;           // n8 tiles of O
   static constexpr int pitch = gpu_tile_row_pitch(D);
   static constexpr int64_t smem_bytes = gpu_tile_smem_bytes(tile, D);
   static constexpr int min_ctas = smem_bytes * 2 <= 227 * 1024 ? 2 : 1;
@@ -311,8 +311,12 @@ struct FwdWarp {
   int k_lane, v_lane;
 
   __device__ __forceinline__ FwdWarp(const AttnParams& p, const FwdCta<Elem, Shape>& c)
-      : warp(int(threadIdx.x) / 32), lane(int(threadIdx.x) % 32), g(lane / 4), t(lane % 4),
-        warp_row0(warp * Shape::warp_rows), mode(p) {
+      : warp(int(threadIdx.x) / 32),
+        lane(int(threadIdx.x) % 32),
+        g(lane / 4),
+        t(lane % 4),
+        warp_row0(warp * Shape::warp_rows),
+        mode(p) {
     q_lane = smem_addr(c.sQ + (warp_row0 + lane % 16) * P + (lane / 16) * 8);
     k_lane = ((lane % 8) + (lane / 16) * 8) * P + ((lane / 8) % 2) * 8;
     v_lane = ((lane % 8) + ((lane / 8) % 2) * 8) * P + (lane / 16) * 8;
@@ -604,8 +608,8 @@ __global__ void __launch_bounds__(Shape::threads, Shape::min_ctas)
   const Elem* v = static_cast<const Elem*>(p.v);
   const Elem* k_row0 = p.block_table ? k : k + k_offset(p, b, seq, 0, hk);
   const Elem* v_row0 = p.block_table ? v : v + v_offset(p, b, seq, 0, hk);
-  const Cta cta{sQ, sK, sV, b, h, seq, m0, hk, rows_here, n_begin, n_end, n_full_begin, n_full_end, n_tiles,
-                k, v, k_row0, v_row0};
+  const Cta cta{sQ,      sK,    sV,           b,          h,       seq, m0, hk,     rows_here,
+                n_begin, n_end, n_full_begin, n_full_end, n_tiles, k,   v,  k_row0, v_row0};
   cta.prologue(p, q);
   using Warp = FwdWarp<Elem, Shape>;
   const Warp warp(p, cta);

@@ -14,9 +14,7 @@ namespace ioattn::gpu::sm80 {
 
 // Shared memory the head dim's tile needs, from the table: what the dispatcher compares with the
 // device's opt-in limit before choosing this path.
-constexpr int64_t flash_fwd_smem_bytes(int head_dim) {
-  return gpu_tile_smem_bytes(gpu_tile(head_dim), head_dim);
-}
+constexpr int64_t flash_fwd_smem_bytes(int head_dim) { return gpu_tile_smem_bytes(gpu_tile(head_dim), head_dim); }
 
 // Launches on p.stream; returns the launch's error. Elem is __half or __nv_bfloat16.
 template <class Elem, int D>

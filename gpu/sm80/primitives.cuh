@@ -72,10 +72,11 @@ struct ElemPair<__half> {
 
 // D += A B on the tensor cores, fp32 accumulate; AB is the PTX type of A and B ("bf16", "f16"),
 // which an asm string cannot take from a template argument.
-#define IOATTN_SM80_MMA_M16N8K16(AB)                                                                  \
-  asm("mma.sync.aligned.m16n8k16.row.col.f32." AB "." AB ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, " \
-      "{%8, %9}, {%0, %1, %2, %3};\n"                                                                \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                \
+#define IOATTN_SM80_MMA_M16N8K16(AB)                     \
+  asm("mma.sync.aligned.m16n8k16.row.col.f32." AB "." AB \
+      ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "        \
+      "{%8, %9}, {%0, %1, %2, %3};\n"                    \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])   \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
 
 // Storage element traits: the packed pair as one 32-bit register, and the matching

@@ -37,8 +37,8 @@ typedef struct ioattn_options {
   int32_t window_left, window_right; /* -1: unbounded */
   float softcap;                     /* 0: off */
   int32_t backend;                   /* ioattn_backend */
-  int32_t num_threads;               /* CPU; 0: library default (IOATTN_NUM_THREADS env, else all cores the process may run on) */
-  void* cuda_stream;                 /* CUDA; NULL: default stream */
+  int32_t num_threads; /* CPU; 0: library default (IOATTN_NUM_THREADS env, else all cores the process may run on) */
+  void* cuda_stream;   /* CUDA; NULL: default stream */
 } ioattn_options;
 
 /* scale 0, causal 0, windows -1, softcap 0, CPU, 0 threads, NULL stream. */
@@ -66,11 +66,9 @@ IOATTN_API ioattn_status ioattn_forward_kvcache(const ioattn_tensor* q, const io
 /* Packed sequences: q is (1, total_q, Hq, D), k/v (1, total_k, Hkv, D); sequence b owns rows
    [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q and [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k/v.
    lse: fp32 [Hq][total_q]. */
-IOATTN_API ioattn_status ioattn_forward_varlen(const ioattn_tensor* q, const ioattn_tensor* k,
-                                               const ioattn_tensor* v, const int32_t* cu_seqlens_q,
-                                               const int32_t* cu_seqlens_k, int32_t batch,
-                                               const ioattn_tensor* out, float* lse,
-                                               const ioattn_options* opt);
+IOATTN_API ioattn_status ioattn_forward_varlen(const ioattn_tensor* q, const ioattn_tensor* k, const ioattn_tensor* v,
+                                               const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int32_t batch,
+                                               const ioattn_tensor* out, float* lse, const ioattn_options* opt);
 
 IOATTN_API const char* ioattn_status_string(ioattn_status s);
 /* Thread-local, human-readable detail of this thread's last failure. */

@@ -28,11 +28,10 @@ struct TensorView {
   // Contiguous (B, S, H, D) layout.
   static TensorView contiguous(void* data, DTypeCode dtype, int64_t batch, int64_t seqlen, int64_t heads,
                                int64_t head_dim) {
-    return strided(data, dtype, batch, seqlen, heads, head_dim, seqlen * heads * head_dim, heads * head_dim,
-                   head_dim);
+    return strided(data, dtype, batch, seqlen, heads, head_dim, seqlen * heads * head_dim, heads * head_dim, head_dim);
   }
-  static TensorView strided(void* data, DTypeCode dtype, int64_t batch, int64_t seqlen, int64_t heads,
-                            int64_t head_dim, int64_t stride_batch, int64_t stride_seq, int64_t stride_head) {
+  static TensorView strided(void* data, DTypeCode dtype, int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim,
+                            int64_t stride_batch, int64_t stride_seq, int64_t stride_head) {
     TensorView t;
     t.raw = {data, int32_t(dtype), batch, seqlen, heads, head_dim, stride_batch, stride_seq, stride_head};
     return t;
@@ -85,8 +84,8 @@ inline void forward_kvcache(const TensorView& q, const ioattn_kvcache& cache, co
                             const TensorView* v_new, const TensorView& out, float* lse = nullptr,
                             const Options& options = {}) {
   const ioattn_options o = options.raw();
-  check(ioattn_forward_kvcache(&q.raw, &cache, k_new ? &k_new->raw : nullptr, v_new ? &v_new->raw : nullptr,
-                               &out.raw, lse, &o));
+  check(ioattn_forward_kvcache(&q.raw, &cache, k_new ? &k_new->raw : nullptr, v_new ? &v_new->raw : nullptr, &out.raw,
+                               lse, &o));
 }
 
 inline std::string version() { return ioattn_version(); }

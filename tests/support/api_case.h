@@ -70,14 +70,16 @@ inline const std::vector<uint8_t>& pristine_arena() {
 struct TensorSpec {
   enum class Where { arena, null, wild };
   int32_t dtype = IOATTN_F32;
-  int64_t dims[4] = {0, 0, 0, 0};     // B, S, H, D
-  int64_t strides[3] = {0, 0, 0};     // batch, seq, head
+  int64_t dims[4] = {0, 0, 0, 0};  // B, S, H, D
+  int64_t strides[3] = {0, 0, 0};  // batch, seq, head
   Where where = Where::arena;
   size_t offset = 0;
   bool present = true;  // false: the ioattn_tensor pointer itself is NULL
 };
 
-inline int64_t elem_bytes(int32_t dtype) { return dtype == IOATTN_F32 ? 4 : dtype == IOATTN_F16 || dtype == IOATTN_BF16 ? 2 : 4; }
+inline int64_t elem_bytes(int32_t dtype) {
+  return dtype == IOATTN_F32 ? 4 : dtype == IOATTN_F16 || dtype == IOATTN_BF16 ? 2 : 4;
+}
 
 // One past the last element, or -1 on overflow (or a negative extent/stride: never placed).
 inline int64_t span_elems(const TensorSpec& t) {
@@ -184,9 +186,9 @@ inline void place(TensorSpec& t, ByteReader& in, bool* must_fail) {
 
 inline ioattn_tensor materialize(const TensorSpec& t, uint8_t* arena) {
   ioattn_tensor out{};
-  out.data = t.where == TensorSpec::Where::arena ? arena + t.offset
+  out.data = t.where == TensorSpec::Where::arena  ? arena + t.offset
              : t.where == TensorSpec::Where::wild ? reinterpret_cast<void*>(uintptr_t(0x40))
-                                                   : nullptr;
+                                                  : nullptr;
   out.dtype = t.dtype;
   out.batch = t.dims[0], out.seqlen = t.dims[1], out.heads = t.dims[2], out.head_dim = t.dims[3];
   out.stride_batch = t.strides[0], out.stride_seq = t.strides[1], out.stride_head = t.strides[2];
@@ -325,18 +327,29 @@ inline Request decode(const uint8_t* data, size_t size) {
       if (!a.empty()) a[size_t(in.below(int64_t(a.size())))] = what % 2 ? value : int32_t(in.below(40));
     };
     if (r.entry == Request::Entry::varlen) {
-      if (what < 2) poke(r.cu_q);
-      else if (what < 4) poke(r.cu_k);
-      else if (what == 4) r.batch = value;
-      else if (what == 5) r.cu_q_present = false;
-      else if (what == 6) r.cu_k_present = false;
-      else r.batch = int32_t(in.below(6));
+      if (what < 2)
+        poke(r.cu_q);
+      else if (what < 4)
+        poke(r.cu_k);
+      else if (what == 4)
+        r.batch = value;
+      else if (what == 5)
+        r.cu_q_present = false;
+      else if (what == 6)
+        r.cu_k_present = false;
+      else
+        r.batch = int32_t(in.below(6));
     } else if (r.entry == Request::Entry::kvcache) {
-      if (what < 3) poke(r.seqlens);
-      else if (what < 5) poke(r.block_table);
-      else if (what == 5) r.seqlens_present = false;
-      else if (what == 6) r.max_pages_per_seq = int32_t(in.below(4)) - 1;
-      else r.has_new = !r.has_new;
+      if (what < 3)
+        poke(r.seqlens);
+      else if (what < 5)
+        poke(r.block_table);
+      else if (what == 5)
+        r.seqlens_present = false;
+      else if (what == 6)
+        r.max_pages_per_seq = int32_t(in.below(4)) - 1;
+      else
+        r.has_new = !r.has_new;
     }
   }
   if (r.entry == Request::Entry::varlen) {
@@ -367,7 +380,7 @@ inline Request decode(const uint8_t* data, size_t size) {
   // lse: [B][Hq][Sq] (dense, cache) or [Hq][total_q] (varlen), f32, contiguous.
   const bool bounded = r.q.dims[0] >= 0 && r.q.dims[1] >= 0 && r.q.dims[2] >= 0 && r.q.dims[0] <= 1 << 20 &&
                        r.q.dims[1] <= 1 << 20 && r.q.dims[2] <= 1 << 20;
-  const int64_t lse_rows = !bounded ? 0
+  const int64_t lse_rows = !bounded                            ? 0
                            : r.entry == Request::Entry::varlen ? r.q.dims[2] * r.q.dims[1]
                                                                : r.q.dims[0] * r.q.dims[2] * r.q.dims[1];
   const bool fits = bounded && size_t(lse_rows) * 4 <= kArenaBytes;
@@ -401,8 +414,8 @@ inline ioattn_status run(const Request& r, uint8_t* arena, int32_t num_threads) 
       return ioattn_forward(ptr(r.q, c.q), ptr(r.k, c.k), ptr(r.v, c.v), ptr(r.out, c.out), c.lse, o);
     case Request::Entry::varlen:
       return ioattn_forward_varlen(ptr(r.q, c.q), ptr(r.k, c.k), ptr(r.v, c.v),
-                                   r.cu_q_present ? r.cu_q.data() : nullptr,
-                                   r.cu_k_present ? r.cu_k.data() : nullptr, r.batch, ptr(r.out, c.out), c.lse, o);
+                                   r.cu_q_present ? r.cu_q.data() : nullptr, r.cu_k_present ? r.cu_k.data() : nullptr,
+                                   r.batch, ptr(r.out, c.out), c.lse, o);
     case Request::Entry::kvcache: {
       c.k_new = materialize(r.k_new, arena);
       c.v_new = materialize(r.v_new, arena);
@@ -468,8 +481,7 @@ inline std::string check_success(const Request& r, const uint8_t* before, const 
     }
   }
   auto lse_index = [&](const Seq& s, int64_t h, int64_t i) {
-    return r.entry == Request::Entry::varlen ? h * r.q.dims[1] + s.row0 + i
-                                             : (s.b * Hq + h) * r.q.dims[1] + i;
+    return r.entry == Request::Entry::varlen ? h * r.q.dims[1] + s.row0 + i : (s.b * Hq + h) * r.q.dims[1] + i;
   };
   for (const Seq& s : seqs) {
     for (int64_t i = 0; i < s.rows; ++i) {
@@ -519,9 +531,10 @@ inline std::string check_success(const Request& r, const uint8_t* before, const 
     return a.first < a.second && b.first < b.second && a.first < b.second && b.first < a.second;
   };
   const std::pair<int64_t, int64_t> out_r = range(r.out),
-                                    lse_r = r.lse_present ? std::pair<int64_t, int64_t>{int64_t(r.lse_offset),
-                                                                                        int64_t(r.lse_offset) + 4 * r.lse_count}
-                                                          : std::pair<int64_t, int64_t>{0, 0};
+                                    lse_r = r.lse_present
+                                                ? std::pair<int64_t, int64_t>{int64_t(r.lse_offset),
+                                                                              int64_t(r.lse_offset) + 4 * r.lse_count}
+                                                : std::pair<int64_t, int64_t>{0, 0};
   std::vector<const TensorSpec*> inputs = {&r.q, &r.k, &r.v};
   if (snew > 0) inputs.insert(inputs.end(), {&r.k_new, &r.v_new});
   for (const TensorSpec* t : inputs)
@@ -542,8 +555,8 @@ inline std::string check_success(const Request& r, const uint8_t* before, const 
               const float want = round_to(DType(c.dtype), value(before, src, element_byte(src, b, j, h, d)));
               const float got = value(after, c, slot + d * cb);
               if (std::memcmp(&want, &got, 4) != 0)
-                return "appended cache element (b=" + std::to_string(b) + ", j=" + std::to_string(j) +
-                       ") holds " + std::to_string(got) + ", expected " + std::to_string(want);
+                return "appended cache element (b=" + std::to_string(b) + ", j=" + std::to_string(j) + ") holds " +
+                       std::to_string(got) + ", expected " + std::to_string(want);
             }
           }
   }
@@ -604,10 +617,12 @@ inline std::string run_case(const uint8_t* data, size_t size) {
   const int32_t other = r.opt.num_threads == 1 ? 3 : 1;
   std::vector<uint8_t> again(pristine);
   const ioattn_status s2 = run(r, again.data(), other);
-  if (s2 != IOATTN_OK) return "OK with num_threads=" + std::to_string(r.opt.num_threads) + " but " +
-                              describe_status(s2) + " with " + std::to_string(other) + ": " + ioattn_last_error();
-  if (again != arena) return "num_threads=" + std::to_string(r.opt.num_threads) + " and " + std::to_string(other) +
-                             " gave different bits";
+  if (s2 != IOATTN_OK)
+    return "OK with num_threads=" + std::to_string(r.opt.num_threads) + " but " + describe_status(s2) + " with " +
+           std::to_string(other) + ": " + ioattn_last_error();
+  if (again != arena)
+    return "num_threads=" + std::to_string(r.opt.num_threads) + " and " + std::to_string(other) +
+           " gave different bits";
   return "";
 }
 

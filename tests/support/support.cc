@@ -101,9 +101,9 @@ ioattn_tensor Tensor::abi() {
 std::string AttnCase::describe() const {
   std::ostringstream o;
   o << "B=" << batch << " Hq=" << heads_q << " Hkv=" << heads_kv << " Sq=" << seqlen_q << " Sk=" << seqlen_k
-    << " D=" << head_dim << " Dv=" << dv() << " dtype=" << dtype_name(dtype) << " causal=" << causal
-    << " window=(" << window_left << "," << window_right << ") softcap=" << softcap << " scale=" << scale
-    << " threads=" << threads << " tiling=(" << tiling.block_q << "," << tiling.block_kv << "," << tiling.kv_splits
+    << " D=" << head_dim << " Dv=" << dv() << " dtype=" << dtype_name(dtype) << " causal=" << causal << " window=("
+    << window_left << "," << window_right << ") softcap=" << softcap << " scale=" << scale << " threads=" << threads
+    << " tiling=(" << tiling.block_q << "," << tiling.block_kv << "," << tiling.kv_splits
     << ") plan=" << (tiling.profile ? tiling.profile->name : "host");
   return o.str();
 }
@@ -251,8 +251,8 @@ Verdict check_against_reference(const AttnCase& c, const AttnBuffers& bufs) {
     v.lse_floor = 2 * dtype_epsilon(DType::f32) * lse_magnitude;
   }
   v.guards_ok = bufs.q.guards_intact() && bufs.k.guards_intact() && bufs.v.guards_intact() && bufs.out.guards_intact();
-  v.padding_ok = bufs.q.padding_intact() && bufs.k.padding_intact() && bufs.v.padding_intact() &&
-                 bufs.out.padding_intact();
+  v.padding_ok =
+      bufs.q.padding_intact() && bufs.k.padding_intact() && bufs.v.padding_intact() && bufs.out.padding_intact();
   v.ok = v.err <= 2 * v.naive_err + v.floor && v.lse_err <= 2 * v.lse_naive_err + v.lse_floor &&
          v.nan_mismatches == 0 && v.lse_mismatches == 0 && v.guards_ok && v.padding_ok;
   return v;
@@ -306,9 +306,9 @@ AttnParams dense_params(const void* q, const void* k, const void* v, DType t, in
   return p;
 }
 
-SequenceOracle reference_sequence(const std::vector<float>& q, const std::vector<float>& k,
-                                  const std::vector<float>& v, int64_t sq, int64_t sk, int64_t hq, int64_t hkv,
-                                  int64_t d, const SequenceMask& mask) {
+SequenceOracle reference_sequence(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                                  int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d,
+                                  const SequenceMask& mask) {
   AttnParams p = dense_params(q.data(), k.data(), v.data(), DType::f32, 1, sq, sk, hq, hkv, d, sk);
   p.scale = mask.scale > 0 ? mask.scale : float(1.0 / std::sqrt(double(d)));
   p.softcap = mask.softcap;

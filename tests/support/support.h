@@ -113,9 +113,9 @@ Status run_cpu_kernel(const AttnCase& c, AttnBuffers& bufs);
 ioattn_status run_c_abi(const AttnCase& c, AttnBuffers& bufs);
 
 // The FlashAttention-2 rule: max|out - ref64| <= 2 * max|naive_same_dtype - ref64| + floor, with
-// naive_same_dtype = naive_attention<float> (pairwise sums over the keys) rounded to the storage dtype, and floor two ulp of the
-// output's magnitude in the storage dtype. NaN must appear exactly where the oracle has NaN;
-// infinities must match. LSE is checked separately (fp32 storage), -inf exactly.
+// naive_same_dtype = naive_attention<float> (pairwise sums over the keys) rounded to the storage dtype, and floor two
+// ulp of the output's magnitude in the storage dtype. NaN must appear exactly where the oracle has NaN; infinities must
+// match. LSE is checked separately (fp32 storage), -inf exactly.
 struct Verdict {
   bool ok = true;
   double err = 0, naive_err = 0, floor = 0;
@@ -168,9 +168,8 @@ struct SequenceOracle {
 // (k_rows: the K/V batch stride in rows, Sk for a plain call, the cache's capacity for a cache).
 AttnParams dense_params(const void* q, const void* k, const void* v, DType t, int64_t batch, int64_t sq, int64_t sk,
                         int64_t hq, int64_t hkv, int64_t d, int64_t k_rows);
-SequenceOracle reference_sequence(const std::vector<float>& q, const std::vector<float>& k,
-                                  const std::vector<float>& v, int64_t sq, int64_t sk, int64_t hq, int64_t hkv,
-                                  int64_t d, const SequenceMask& mask);
+SequenceOracle reference_sequence(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                                  int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d, const SequenceMask& mask);
 
 // A built-in hardware profile by name, REQUIREd to exist (the model tests: outline, planner,
 // traffic).

@@ -589,8 +589,8 @@ inline std::vector<Comparison> compare_gpu(const GpuPoint& g, const PointPredict
 // received, in bytes (sectors x 32). `requested`: the tiles' sectors the model counts as smem-L2
 // reads, for the ratios docs/traffic.md quotes.
 struct L2Split {
-  double total = 0;                     // lts__t_sectors
-  double tex = 0, tex_read = 0, tex_write = 0, tex_miss = 0;           // srcunit_tex: the SMs
+  double total = 0;                                                       // lts__t_sectors
+  double tex = 0, tex_read = 0, tex_write = 0, tex_miss = 0;              // srcunit_tex: the SMs
   double fabric = 0, fabric_read = 0, fabric_write = 0, fabric_miss = 0;  // srcunit_ltcfabric
   double xbar_read = 0, xbar_write = 0;  // l1tex__m_xbar2l1tex_read / l1tex2xbar_write sectors
   double l1_ld = 0, l1_st = 0;           // l1tex__t_sectors_pipe_lsu_mem_global_op_ld / _st
