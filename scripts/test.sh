@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# From nothing to a passed test suite: install dependencies, then check the source layout rules
-# (scripts/check_layout.py) and formatting (scripts/check_format.sh), and build and test every configuration CI guards: the Release build
-# (OpenMP, CUDA compiled when nvcc is present: GPU tests skip visibly without a device), the oneTBB
-# threading backend, ASan+UBSan, ThreadSanitizer and bounded fuzzing (scripts/ci_hardening.sh), the
-# AArch64 cross build under qemu-user (scripts/ci_arm.sh), and the installed package consumed by a
-# tiny CMake project. The Release stage builds the tests against Debian 12's Catch2 2, the ASan
-# stage against Catch2 3.
+# From nothing to a passed test suite: install dependencies, check the source layout rules
+# (scripts/check_layout.py) and formatting (scripts/check_format.sh), then build and test every
+# configuration CI guards: the Release build (OpenMP, CUDA compiled when nvcc is present: GPU
+# tests skip visibly without a device), the oneTBB threading backend, ASan+UBSan, ThreadSanitizer
+# and bounded fuzzing (scripts/ci_hardening.sh), the AArch64 cross build under qemu-user with its
+# SVE targets (scripts/ci_arm.sh), and the installed package consumed by a tiny CMake project. The
+# Release stage builds the tests against Debian 12's Catch2 2, the ASan stage against Catch2 3.
 #
 # Every configure names each option the stage relies on, so a build directory left by another
 # command (scripts/demo.sh's tests-off cache was one) cannot turn a stage into a no-op, and every
