@@ -84,6 +84,24 @@ int64_t cpu_target_capacity(const HardwareProfile& hw) {
   return l.size_bytes / std::max(1, l.shared_by);
 }
 
+int64_t cpu_tasks(const Problem& pr, const Plan& plan) {
+  // Decode rows (cpu_decode_max_rows) run one task per (sequence, split) over all kv heads, so
+  // only the batch counts toward filling the cores.
+  if (cpu_decode_mode(plan.rows_per_unit)) return pr.batch;
+  const int64_t group = pr.heads_kv > 0 ? pr.heads_q / pr.heads_kv : 1;
+  const int64_t positions = std::max<int64_t>(1, plan.block_q / std::max<int64_t>(group, 1));
+  return plan.rows_per_unit > 0 ? plan.units * ceil_div(pr.seqlen_q, positions) : 0;
+}
+
+namespace {
+
+void set_cpu_workers(Plan& plan, int64_t tasks, int threads) {
+  plan.work_items = tasks * plan.kv_splits;
+  plan.workers = int(std::max<int64_t>(1, std::min<int64_t>(threads, plan.work_items)));
+}
+
+}  // namespace
+
 Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
   Plan plan;
   plan.backend = BackendKind::cpu;
@@ -161,18 +179,13 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
   plan.block_kv = int(bkv);
   plan.working_set_bytes = cpu_working_set_bytes(bq, bkv, dp, dvp);
 
-  const int64_t q_blocks =
-      plan.rows_per_unit > 0 ? ceil_div(pr.seqlen_q, std::max<int64_t>(1, bq / std::max<int64_t>(group, 1))) : 0;
-  // Decode rows (cpu_decode_max_rows) run one task per (sequence, split) over all kv heads, so
-  // only the batch counts toward filling the cores, and the splits are cut in the decode's own
-  // 32-key blocks (never block_kv's, which only the packed path uses).
+  // Decode's splits are cut in its own 32-key blocks (never block_kv's, which only the packed
+  // path uses).
   const bool decode = cpu_decode_mode(plan.rows_per_unit);
-  const int64_t tasks = decode ? pr.batch : plan.units * q_blocks;
+  const int64_t tasks = cpu_tasks(pr, plan);
   plan.kv_splits = split_keys(tasks, cores, pr.seqlen_k,
                               decode ? pr.seqlen_k / cpu_decode_min_split_keys : most_block_splits(pr.seqlen_k, bkv));
-  plan.work_items = tasks * plan.kv_splits;
-  const int requested = threads > 0 ? threads : cores;
-  plan.workers = int(std::max<int64_t>(1, std::min<int64_t>(requested, plan.work_items)));
+  set_cpu_workers(plan, tasks, threads > 0 ? threads : cores);
 
   // Decode mode never runs the packed blocks sized above (they serve calls with more query rows
   // per kv head); the plan keeps them and says what decode streams instead.
@@ -295,6 +308,22 @@ Plan plan_gpu(const Problem& pr, const HardwareProfile& hw) {
                                 std::to_string(hw.cores) + " SMs"
                           : "") +
       (why.empty() ? "" : "; " + why);
+  return plan;
+}
+
+Plan with_cpu_overrides(Plan plan, const Problem& pr, const HardwareProfile& hw, int threads, int block_q, int block_kv,
+                        int kv_splits) {
+  if (block_q > 0) plan.block_q = block_q;
+  if (block_kv > 0) plan.block_kv = block_kv;
+  if (block_q > 0 || block_kv > 0) {
+    // The working set belongs to the tile that runs, not the one the planner chose: the CLI, the
+    // benchmarks and the traffic model (decode's spill rule) read it. Padded as plan_cpu pads.
+    const int64_t lanes = std::max(4, hw.simd_bits / 32);
+    const int64_t dvp = round_up(std::max<int64_t>(pr.head_dim_v, 1), lanes);
+    plan.working_set_bytes = cpu_working_set_bytes(plan.block_q, plan.block_kv, plan.head_dim_padded, dvp);
+  }
+  if (kv_splits > 0) plan.kv_splits = kv_splits;
+  if (block_q > 0 || kv_splits > 0) set_cpu_workers(plan, cpu_tasks(pr, plan), threads);
   return plan;
 }
 

@@ -39,6 +39,15 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads = 0);
 Plan plan_gpu(const Problem& pr, const HardwareProfile& hw);
 Plan plan_for(const Problem& pr, const HardwareProfile& hw, int threads = 0);
 
+// A CPU plan's tasks before key splits: sequences in decode mode (one task per sequence runs every
+// kv head), else (sequence, kv head, query block) tiles.
+int64_t cpu_tasks(const Problem& pr, const Plan& plan);
+
+// `plan` (plan_cpu's for pr on hw) with a caller's block_q, block_kv or kv_splits (0 keeps the
+// planned value): the working set, task count and workers follow plan_cpu's rules for `threads`.
+Plan with_cpu_overrides(Plan plan, const Problem& pr, const HardwareProfile& hw, int threads, int block_q, int block_kv,
+                        int kv_splits);
+
 // Bytes one CPU worker keeps live: packed fp32 Q block, K and V blocks, score/P block, O
 // accumulator, and the running max and sum (8 B per row).
 int64_t cpu_working_set_bytes(int64_t block_q, int64_t block_kv, int64_t head_dim_padded, int64_t head_dim_v_padded);
