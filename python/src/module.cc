@@ -161,8 +161,9 @@ ioattn_tensor tensor_of(const A& a, const char* name, size_t rank, const Place& 
   t.stride_batch = rank == 4 ? a.stride(0) : t.seqlen * a.stride(0);
   t.stride_seq = a.stride(o);
   t.stride_head = a.stride(o + 1);
-  // A stride over an axis of extent 1 never moves: any value means the same layout.
-  if (t.head_dim > 1 && a.stride(o + 2) != 1) {
+  // A stride over an axis of extent 1 never moves, and an empty array has no layout: any value
+  // means the same there (numpy and torch report 0 or arbitrary strides for them).
+  if (t.head_dim > 1 && a.size() > 0 && a.stride(o + 2) != 1) {
     value_error(std::string(name) + ": head_dim stride is " + std::to_string(a.stride(o + 2)) +
                 " elements; the library needs a contiguous head_dim (stride 1) and makes no hidden copy "
                 "(pass a copy that is contiguous in its last dimension)");
@@ -174,6 +175,7 @@ ioattn_tensor tensor_of(const A& a, const char* name, size_t rank, const Place& 
 // raw pointers.
 template <class A>
 bool c_contiguous(const A& a) {
+  if (a.size() == 0) return true;
   int64_t expected = 1;
   for (size_t i = a.ndim(); i-- > 0;) {
     if (a.shape(i) != 1 && a.stride(i) != expected) return false;
