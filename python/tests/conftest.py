@@ -33,6 +33,8 @@ def _load_from_build_tree(build_dir):
 
 
 if os.environ.get("IOATTN_BUILD_DIR"):
+    # Absolute, for the tests' subprocesses that run elsewhere.
+    os.environ["IOATTN_BUILD_DIR"] = str(pathlib.Path(os.environ["IOATTN_BUILD_DIR"]).resolve())
     _load_from_build_tree(os.environ["IOATTN_BUILD_DIR"])
 else:
     try:
