@@ -96,11 +96,14 @@ int run_plan(int argc, char** argv, std::ostream& out) {
     return kExitOk;
   }
   const Problem& pr = c.request.problem;
-  return print_per_profile(c, false, [&](const Plan& plan, const HardwareProfile& hw) {
-    json j = plan_json(plan);
-    j["problem"] = problem_json(pr);
-    return std::pair(std::move(j), "problem         " + describe(pr) + "\n" + plan_text(plan, hw) + "\n");
-  }, out);
+  return print_per_profile(
+      c, false,
+      [&](const Plan& plan, const HardwareProfile& hw) {
+        json j = plan_json(plan);
+        j["problem"] = problem_json(pr);
+        return std::pair(std::move(j), "problem         " + describe(pr) + "\n" + plan_text(plan, hw) + "\n");
+      },
+      out);
 }
 
 int run_traffic(int argc, char** argv, std::ostream& out) {
@@ -116,13 +119,17 @@ int run_traffic(int argc, char** argv, std::ostream& out) {
     return kExitOk;
   }
   const Problem& pr = c.request.problem;
-  return print_per_profile(c, true, [&](const Plan& plan, const HardwareProfile& hw) {
-    const TrafficReport t = predict_traffic(pr, plan, hw);
-    json j = traffic_json(t);
-    j["problem"] = problem_json(pr);
-    return std::pair(std::move(j), t.hardware + ": " + describe(pr) + " (block_q " + std::to_string(plan.block_q) +
-                                       ", block_kv " + std::to_string(plan.block_kv) + ")\n" + traffic_text(t) + "\n");
-  }, out);
+  return print_per_profile(
+      c, true,
+      [&](const Plan& plan, const HardwareProfile& hw) {
+        const TrafficReport t = predict_traffic(pr, plan, hw);
+        json j = traffic_json(t);
+        j["problem"] = problem_json(pr);
+        return std::pair(std::move(j), t.hardware + ": " + describe(pr) + " (block_q " + std::to_string(plan.block_q) +
+                                           ", block_kv " + std::to_string(plan.block_kv) + ")\n" + traffic_text(t) +
+                                           "\n");
+      },
+      out);
 }
 
 int run_explain(int argc, char** argv, std::ostream& out) {
@@ -133,14 +140,17 @@ int run_explain(int argc, char** argv, std::ostream& out) {
                                        "risked, each with this plan's numbers. JSON keys are exactly memoryTraffic,\n"
                                        "tiling, numericalStability, tradeoff and failureMode.") +
                                kShapeOutput,
-          out)) {
+                           out)) {
     return kExitOk;
   }
   const Problem& pr = c.request.problem;
-  return print_per_profile(c, false, [&](const Plan& plan, const HardwareProfile& hw) {
-    const DesignOutline o = designOutline(pr, plan, hw);
-    return std::pair(outline_json(o), hw.name + ": " + describe(pr) + "\n" + outline_text(o) + "\n");
-  }, out);
+  return print_per_profile(
+      c, false,
+      [&](const Plan& plan, const HardwareProfile& hw) {
+        const DesignOutline o = designOutline(pr, plan, hw);
+        return std::pair(outline_json(o), hw.name + ": " + describe(pr) + "\n" + outline_text(o) + "\n");
+      },
+      out);
 }
 
 int run_hw(int argc, char** argv, std::ostream& out) {
@@ -148,8 +158,8 @@ int run_hw(int argc, char** argv, std::ostream& out) {
   args.flag("--json", "machine-readable output: {host, gpu (null without one), profiles: [...]}");
   if (!args.parse(argc, argv)) {
     out << args.help("[--json]",
-                           "The built-in hardware profiles (names usable with --hw) and the detected host\n"
-                           "(--hw host), with cache levels, cores, SIMD target and FMA rate.");
+                     "The built-in hardware profiles (names usable with --hw) and the detected host\n"
+                     "(--hw host), with cache levels, cores, SIMD target and FMA rate.");
     return kExitOk;
   }
   const HardwareProfile host = detect_host();

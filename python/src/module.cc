@@ -42,14 +42,10 @@ void check(ioattn_status s) {
   if (s == IOATTN_OK) return;
   const std::string message = ioattn_last_error();
   switch (s) {
-    case IOATTN_ERROR_INVALID_ARGUMENT:
-      raise(PyExc_ValueError, message);
-    case IOATTN_ERROR_UNSUPPORTED:
-      raise(PyExc_NotImplementedError, message);
-    case IOATTN_ERROR_OUT_OF_MEMORY:
-      raise(PyExc_MemoryError, message);
-    default:
-      raise(PyExc_RuntimeError, message);
+    case IOATTN_ERROR_INVALID_ARGUMENT: raise(PyExc_ValueError, message);
+    case IOATTN_ERROR_UNSUPPORTED: raise(PyExc_NotImplementedError, message);
+    case IOATTN_ERROR_OUT_OF_MEMORY: raise(PyExc_MemoryError, message);
+    default: raise(PyExc_RuntimeError, message);
   }
 }
 
@@ -57,26 +53,13 @@ std::string dtype_text(nb::dlpack::dtype d) {
   using C = nb::dlpack::dtype_code;
   std::string kind;
   switch (C(d.code)) {
-    case C::Int:
-      kind = "int";
-      break;
-    case C::UInt:
-      kind = "uint";
-      break;
-    case C::Float:
-      kind = "float";
-      break;
-    case C::Bfloat:
-      kind = "bfloat";
-      break;
-    case C::Complex:
-      kind = "complex";
-      break;
-    case C::Bool:
-      kind = "bool";
-      break;
-    default:
-      kind = "dtype code " + std::to_string(int(d.code)) + " of ";
+    case C::Int: kind = "int"; break;
+    case C::UInt: kind = "uint"; break;
+    case C::Float: kind = "float"; break;
+    case C::Bfloat: kind = "bfloat"; break;
+    case C::Complex: kind = "complex"; break;
+    case C::Bool: kind = "bool"; break;
+    default: kind = "dtype code " + std::to_string(int(d.code)) + " of ";
   }
   std::string s = kind + std::to_string(int(d.bits));
   if (d.lanes != 1) s += "x" + std::to_string(int(d.lanes));
@@ -95,16 +78,11 @@ std::string shape_text(const A& a) {
 
 std::string device_text(int type, int id) {
   switch (type) {
-    case kDeviceCpu:
-      return "cpu";
-    case kDeviceCudaHost:
-      return "cuda pinned host memory";
-    case kDeviceCuda:
-      return "cuda:" + std::to_string(id);
-    case kDeviceCudaManaged:
-      return "cuda managed memory (device " + std::to_string(id) + ")";
-    default:
-      return "DLPack device type " + std::to_string(type);
+    case kDeviceCpu: return "cpu";
+    case kDeviceCudaHost: return "cuda pinned host memory";
+    case kDeviceCuda: return "cuda:" + std::to_string(id);
+    case kDeviceCudaManaged: return "cuda managed memory (device " + std::to_string(id) + ")";
+    default: return "DLPack device type " + std::to_string(type);
   }
 }
 
@@ -123,11 +101,11 @@ void check_place(const A& a, const char* name, const Place& place) {
   else
     ok = (t == kDeviceCuda || t == kDeviceCudaManaged) && a.device_id() == place.device_id;
   if (!ok) {
-    const std::string where =
-        place.backend == IOATTN_BACKEND_CPU ? "host memory (backend CPU)"
-                                            : "memory of cuda:" + std::to_string(place.device_id) + " (backend CUDA)";
-    value_error(std::string(name) + ": on " + device_text(t, a.device_id()) + ", but every array of the call must be in " +
-                where);
+    const std::string where = place.backend == IOATTN_BACKEND_CPU
+                                  ? "host memory (backend CPU)"
+                                  : "memory of cuda:" + std::to_string(place.device_id) + " (backend CUDA)";
+    value_error(std::string(name) + ": on " + device_text(t, a.device_id()) +
+                ", but every array of the call must be in " + where);
   }
 }
 
@@ -190,8 +168,7 @@ float* lse_of(const Out& lse, const std::vector<int64_t>& shape, const char* lay
   bool same = lse.ndim() == shape.size();
   for (size_t i = 0; same && i < shape.size(); ++i) same = int64_t(lse.shape(i)) == shape[i];
   if (!same) {
-    value_error(std::string("lse: expected shape ") + layout + " = " + shape_text(shape) + ", got " +
-                shape_text(lse));
+    value_error(std::string("lse: expected shape ") + layout + " = " + shape_text(shape) + ", got " + shape_text(lse));
   }
   const nb::dlpack::dtype d = lse.dtype();
   if (!(d.code == uint8_t(nb::dlpack::dtype_code::Float) && d.bits == 32 && d.lanes == 1))
@@ -381,8 +358,7 @@ NB_MODULE(_ext, m) {
   m.def("forward_varlen", &forward_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("cu_seqlens_q"),
         nb::arg("cu_seqlens_k"), nb::arg("out"), nb::arg("lse").none(), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("softcap"), nb::arg("scale"), nb::arg("backend"), nb::arg("num_threads"),
-        nb::arg("stream"),
-        "ioattn_forward_varlen on packed (total, H, D) arrays; lse None or float32 (Hq, total_q).");
+        nb::arg("stream"), "ioattn_forward_varlen on packed (total, H, D) arrays; lse None or float32 (Hq, total_q).");
   m.def("forward_kvcache", &forward_kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"),
         nb::arg("cache_seqlens"), nb::arg("k_new").none(), nb::arg("v_new").none(), nb::arg("block_table").none(),
         nb::arg("out"), nb::arg("lse").none(), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
@@ -391,6 +367,6 @@ NB_MODULE(_ext, m) {
   m.def("model_json", &model_json, nb::arg("command"), nb::arg("args"),
         "`ioattn <command> <args> --json` (plan, traffic, explain, hw): the JSON text.");
   m.def("version", [] { return std::string(ioattn_version()); });
-  m.def("backend_available", [](int32_t backend) { return ioattn_backend_available(backend) != 0; },
-        nb::arg("backend"));
+  m.def(
+      "backend_available", [](int32_t backend) { return ioattn_backend_available(backend) != 0; }, nb::arg("backend"));
 }
