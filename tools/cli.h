@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace ioattn::cli {
 
@@ -40,5 +41,10 @@ int cmd_traffic(int argc, char** argv);
 int cmd_explain(int argc, char** argv);
 int cmd_hw(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+
+// plan, traffic, explain or hw with `args` and --json: the JSON text `ioattn <command> <args> --json`
+// prints, without its final newline (the Python package's ioattn.plan() and friends). Throws
+// CliError as the command would; --help is a usage error here.
+std::string model_json(const std::string& command, const std::vector<std::string>& args);
 
 }  // namespace ioattn::cli

@@ -2,6 +2,7 @@
 // one or more hardware profiles, without running anything.
 #include <cstdio>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,14 +47,14 @@ struct ModelCommand {
 
 // Parses the shared flags plus --json; returns false after printing help.
 bool parse_model_command(ModelCommand& c, int argc, char** argv, const std::string& synopsis,
-                         const std::string& description) {
+                         const std::string& description, std::ostream& out) {
   add_problem_flags(c.args, true);
   c.args.flag("--json", "machine-readable output");
   c.args.option("--threads", "N",
                 "CPU profiles: plan for a call with num_threads = N (default: the profile's cores); one thread "
                 "runs whole heads where two or more would each get part of one, which moves different bytes");
   if (!c.args.parse(argc, argv)) {
-    std::cout << c.args.help(synopsis, description);
+    out << c.args.help(synopsis, description);
     return false;
   }
   c.request = read_problem_flags(c.args, true);
@@ -66,7 +67,7 @@ bool parse_model_command(ModelCommand& c, int argc, char** argv, const std::stri
 // problem's checked plan there. --json prints the values (a list even for one where always_list),
 // else the texts.
 template <class Entry>
-int print_per_profile(const ModelCommand& c, bool always_list, Entry entry) {
+int print_per_profile(const ModelCommand& c, bool always_list, Entry entry, std::ostream& out) {
   std::vector<json> items;
   std::string text;
   for (const HardwareProfile& hw : c.request.hardware) {
@@ -74,13 +75,15 @@ int print_per_profile(const ModelCommand& c, bool always_list, Entry entry) {
     items.push_back(std::move(j));
     text += t;
   }
-  std::cout << (c.json_output ? dump(always_list ? json(items) : one_or_list(items)) + "\n" : text);
+  out << (c.json_output ? dump(always_list ? json(items) : one_or_list(items)) + "\n" : text);
   return kExitOk;
 }
 
 }  // namespace
 
-int cmd_plan(int argc, char** argv) {
+namespace {
+
+int run_plan(int argc, char** argv, std::ostream& out) {
   ModelCommand c{Args("plan"), {}, false, 0};
   if (!parse_model_command(
           c, argc, argv, "[problem flags] [--hw NAME]... [--threads N] [--json]",
@@ -88,18 +91,22 @@ int cmd_plan(int argc, char** argv) {
                       "sizes, register or CTA tile, kv splits, workers, and the working set against\n"
                       "the cache or shared-memory level it was fitted to. CPU profiles get plan_cpu,\n"
                       "GPU profiles plan_gpu.") +
-              kShapeOutput)) {
+              kShapeOutput,
+          out)) {
     return kExitOk;
   }
   const Problem& pr = c.request.problem;
-  return print_per_profile(c, false, [&](const Plan& plan, const HardwareProfile& hw) {
-    json j = plan_json(plan);
-    j["problem"] = problem_json(pr);
-    return std::pair(std::move(j), "problem         " + describe(pr) + "\n" + plan_text(plan, hw) + "\n");
-  });
+  return print_per_profile(
+      c, false,
+      [&](const Plan& plan, const HardwareProfile& hw) {
+        json j = plan_json(plan);
+        j["problem"] = problem_json(pr);
+        return std::pair(std::move(j), "problem         " + describe(pr) + "\n" + plan_text(plan, hw) + "\n");
+      },
+      out);
 }
 
-int cmd_traffic(int argc, char** argv) {
+int run_traffic(int argc, char** argv, std::ostream& out) {
   ModelCommand c{Args("traffic"), {}, false, 0};
   if (!parse_model_command(c, argc, argv, "[problem flags] [--hw NAME]... [--threads N] [--json]",
                            "Predicted bytes across every memory boundary (CPU: L1d-L2, L2-L3, L3-DRAM; GPU:\n"
@@ -107,43 +114,52 @@ int cmd_traffic(int argc, char** argv) {
                            "standard attention (S and P written and read back), one entry per --hw.\n\n"
                            "With --json: always a list of objects (hardware, flash_dram_bytes,\n"
                            "standard_dram_bytes, levels [{name, flash_bytes, standard_bytes}], flops,\n"
-                           "flash_roofline_s, standard_roofline_s), as docs/api.md specifies.")) {
+                           "flash_roofline_s, standard_roofline_s), as docs/api.md specifies.",
+                           out)) {
     return kExitOk;
   }
   const Problem& pr = c.request.problem;
-  return print_per_profile(c, true, [&](const Plan& plan, const HardwareProfile& hw) {
-    const TrafficReport t = predict_traffic(pr, plan, hw);
-    json j = traffic_json(t);
-    j["problem"] = problem_json(pr);
-    return std::pair(std::move(j), t.hardware + ": " + describe(pr) + " (block_q " + std::to_string(plan.block_q) +
-                                       ", block_kv " + std::to_string(plan.block_kv) + ")\n" + traffic_text(t) + "\n");
-  });
+  return print_per_profile(
+      c, true,
+      [&](const Plan& plan, const HardwareProfile& hw) {
+        const TrafficReport t = predict_traffic(pr, plan, hw);
+        json j = traffic_json(t);
+        j["problem"] = problem_json(pr);
+        return std::pair(std::move(j), t.hardware + ": " + describe(pr) + " (block_q " + std::to_string(plan.block_q) +
+                                           ", block_kv " + std::to_string(plan.block_kv) + ")\n" + traffic_text(t) +
+                                           "\n");
+      },
+      out);
 }
 
-int cmd_explain(int argc, char** argv) {
+int run_explain(int argc, char** argv, std::ostream& out) {
   ModelCommand c{Args("explain"), {}, false, 0};
   if (!parse_model_command(c, argc, argv, "[problem flags] [--hw NAME]... [--threads N] [--json]",
                            std::string("The design outline of the plan for this problem on this hardware: memory\n"
                                        "traffic, tiling, numerical stability, the tradeoff made and the failure mode\n"
                                        "risked, each with this plan's numbers. JSON keys are exactly memoryTraffic,\n"
                                        "tiling, numericalStability, tradeoff and failureMode.") +
-                               kShapeOutput)) {
+                               kShapeOutput,
+                           out)) {
     return kExitOk;
   }
   const Problem& pr = c.request.problem;
-  return print_per_profile(c, false, [&](const Plan& plan, const HardwareProfile& hw) {
-    const DesignOutline o = designOutline(pr, plan, hw);
-    return std::pair(outline_json(o), hw.name + ": " + describe(pr) + "\n" + outline_text(o) + "\n");
-  });
+  return print_per_profile(
+      c, false,
+      [&](const Plan& plan, const HardwareProfile& hw) {
+        const DesignOutline o = designOutline(pr, plan, hw);
+        return std::pair(outline_json(o), hw.name + ": " + describe(pr) + "\n" + outline_text(o) + "\n");
+      },
+      out);
 }
 
-int cmd_hw(int argc, char** argv) {
+int run_hw(int argc, char** argv, std::ostream& out) {
   Args args("hw");
   args.flag("--json", "machine-readable output: {host, gpu (null without one), profiles: [...]}");
   if (!args.parse(argc, argv)) {
-    std::cout << args.help("[--json]",
-                           "The built-in hardware profiles (names usable with --hw) and the detected host\n"
-                           "(--hw host), with cache levels, cores, SIMD target and FMA rate.");
+    out << args.help("[--json]",
+                     "The built-in hardware profiles (names usable with --hw) and the detected host\n"
+                     "(--hw host), with cache levels, cores, SIMD target and FMA rate.");
     return kExitOk;
   }
   const HardwareProfile host = detect_host();
@@ -155,7 +171,7 @@ int cmd_hw(int argc, char** argv) {
     for (const HardwareProfile& hw : builtins) profiles.push_back(profile_json(hw));
     const json j = {
         {"host", profile_json(host)}, {"gpu", have_gpu ? profile_json(gpu) : json(nullptr)}, {"profiles", profiles}};
-    std::cout << dump(j) << "\n";
+    out << dump(j) << "\n";
     return kExitOk;
   }
   auto row = [](const HardwareProfile& hw) {
@@ -175,11 +191,49 @@ int cmd_hw(int argc, char** argv) {
                   hw.fma_gflops_per_core * hw.cores, levels.c_str());
     return std::string(line) + std::string(15, ' ') + hw.description + "\n";
   };
-  std::printf("%-14s %-4s %5s %-8s %9s  %s\n", "name", "kind", "cores", "simd", "GFLOP/s", "levels (size/shared by)");
-  std::cout << row(host);
-  if (have_gpu) std::cout << row(gpu);
-  for (const HardwareProfile& hw : builtins) std::cout << row(hw);
+  char header[256];
+  std::snprintf(header, sizeof header, "%-14s %-4s %5s %-8s %9s  %s\n", "name", "kind", "cores", "simd", "GFLOP/s",
+                "levels (size/shared by)");
+  out << header << row(host);
+  if (have_gpu) out << row(gpu);
+  for (const HardwareProfile& hw : builtins) out << row(hw);
   return kExitOk;
+}
+
+}  // namespace
+
+int cmd_plan(int argc, char** argv) { return run_plan(argc, argv, std::cout); }
+int cmd_traffic(int argc, char** argv) { return run_traffic(argc, argv, std::cout); }
+int cmd_explain(int argc, char** argv) { return run_explain(argc, argv, std::cout); }
+int cmd_hw(int argc, char** argv) { return run_hw(argc, argv, std::cout); }
+
+std::string model_json(const std::string& command, const std::vector<std::string>& args) {
+  int (*run)(int, char**, std::ostream&) = nullptr;
+  if (command == "plan")
+    run = run_plan;
+  else if (command == "traffic")
+    run = run_traffic;
+  else if (command == "explain")
+    run = run_explain;
+  else if (command == "hw")
+    run = run_hw;
+  else
+    throw usage_error("unknown command " + quoted(command) + " (plan, traffic, explain or hw)");
+  std::vector<std::string> storage;
+  bool has_json = false;
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") throw usage_error(a + ": not available here; see ioattn " + command + " --help");
+    has_json = has_json || a == "--json";
+    storage.push_back(a);
+  }
+  if (!has_json) storage.push_back("--json");
+  std::vector<char*> argv;
+  for (std::string& a : storage) argv.push_back(a.data());
+  std::ostringstream out;
+  run(int(argv.size()), argv.data(), out);
+  std::string text = out.str();
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
 }
 
 }  // namespace ioattn::cli

@@ -1,0 +1,105 @@
+"""Framework-agnostic runners over ioattn._ext.
+
+The numpy path of ``ioattn.attention*`` and the torch custom ops (``ioattn/ops.py``) both call
+these with outputs they allocated themselves. Each runner works out where the call computes from
+``q`` (a torch CUDA tensor: the CUDA backend on the current stream of its device; another DLPack
+array on a CUDA device: the CUDA backend on the default stream; anything else: the CPU backend)
+and passes the arrays through DLPack as they are: no copy, no conversion. Errors are the
+library's: ValueError, NotImplementedError, MemoryError or RuntimeError with its message, and
+nothing is written when one is raised.
+"""
+
+import math
+import sys
+
+from . import _ext
+
+BACKEND_CPU = 0
+BACKEND_CUDA = 1
+
+_DLPACK_CUDA = (2, 13)  # kDLCUDA, kDLCUDAManaged
+
+
+def is_torch(x):
+    """True for a torch.Tensor; never imports torch (a tensor cannot exist before torch is imported)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def placement(q):
+    """(backend, stream) for a call whose query is ``q``; stream is a cudaStream_t as an int."""
+    if is_torch(q):
+        device = q.device
+        if device.type == "cuda":
+            import torch
+
+            return BACKEND_CUDA, torch.cuda.current_stream(device).cuda_stream
+        if device.type == "cpu":
+            return BACKEND_CPU, 0
+        raise NotImplementedError(f"ioattn runs on CPU and CUDA tensors; q is on {device}")
+    dlpack_device = getattr(q, "__dlpack_device__", None)
+    if dlpack_device is not None and dlpack_device()[0] in _DLPACK_CUDA:
+        return BACKEND_CUDA, 0
+    return BACKEND_CPU, 0
+
+
+def _input(x):
+    # DLPack refuses to export a tensor that requires grad; detach() is a view of the same storage.
+    if x is not None and is_torch(x) and x.requires_grad:
+        return x.detach()
+    return x
+
+
+def _window(window):
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise ValueError(f"window: expected a pair (left, right), -1 for unbounded, got {window!r}") from None
+    return int(left), int(right)
+
+
+def _scale(scale):
+    if scale is None:
+        return 0.0  # the library's 1/sqrt(head_dim)
+    scale = float(scale)
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale={scale!r}: expected a finite value > 0, or None for 1/sqrt(head_dim)")
+    return scale
+
+
+def _options(causal, window, softcap, scale, num_threads):
+    left, right = _window(window)
+    return (bool(causal), left, right, float(softcap), _scale(scale)), int(num_threads)
+
+
+def run_forward(q, k, v, out, lse, *, causal, window, softcap, scale, num_threads=0):
+    """Dense attention into ``out`` (B, Sq, Hq, Dv) and ``lse`` (None or float32 (B, Hq, Sq))."""
+    opts, threads = _options(causal, window, softcap, scale, num_threads)
+    backend, stream = placement(q)
+    _ext.forward(_input(q), _input(k), _input(v), out, lse, *opts, backend, threads, stream)
+
+
+def run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, *, causal, window, softcap, scale, num_threads=0):
+    """Packed sequences: q (total_q, Hq, D), k/v (total_k, Hkv, D), int32 cu_seqlens of batch + 1
+    entries; ``out`` (total_q, Hq, Dv), ``lse`` None or float32 (Hq, total_q)."""
+    opts, threads = _options(causal, window, softcap, scale, num_threads)
+    backend, stream = placement(q)
+    _ext.forward_varlen(
+        _input(q), _input(k), _input(v), cu_seqlens_q, cu_seqlens_k, out, lse, *opts, backend, threads, stream
+    )
+
+
+def run_kvcache(
+    q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, out, lse, *, causal, window, softcap, scale,
+    num_threads=0
+):
+    """Appends k_new/v_new (None or (B, S_new, Hkv, D)) into the cache at cache_seqlens[b] in place,
+    then attends q (B, Sq, Hq, D) over the cache_seqlens[b] + S_new keys of each sequence. The cache
+    is (B, S_max, Hkv, D), or (num_pages, page_size, Hkv, D) with an int32 (B, max_pages) block_table.
+    cache_seqlens (int32 (B,)) is not modified."""
+    opts, threads = _options(causal, window, softcap, scale, num_threads)
+    backend, stream = placement(q)
+    _ext.forward_kvcache(
+        _input(q), k_cache, v_cache, cache_seqlens, _input(k_new), _input(v_new), block_table, out, lse, *opts,
+        backend, threads, stream
+    )
