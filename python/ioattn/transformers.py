@@ -18,7 +18,8 @@ What runs where:
   padded, else the 2-D (B, kv_len) padding mask. A padded batch (left or right padding) runs as
   a packed variable-length batch: the valid tokens are gathered, ``attention_varlen`` runs, and
   the output is scattered back with zeros at padded query rows. Packed sequences given by
-  ``position_ids`` without a mask (training-style packing) run the same way.
+  ``position_ids`` restarting inside a row without a mask, or by ``cu_seq_lens_q/k`` (a
+  padding-free collator), run as varlen too, as with FlashAttention-2 in transformers.
 - A 4-D mask passed in by the caller is accepted when it is a padding mask on top of the causal
   (and sliding-window) pattern, which is checked exactly; any other mask (an additive bias,
   a document mask, a ``BlockMask``) raises ``NotImplementedError``.
@@ -240,6 +241,12 @@ def ioattn_attention_forward(
     k = key.transpose(1, 2)
     v = value.transpose(1, 2)
 
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None and cu_k is not None and attention_mask is None:
+        # padding-free batches (DataCollatorWithFlattening): sequences already packed in one row
+        return _varlen_rows(q, k, v, cu_q, cu_k, kwargs.get("max_length_q"), kwargs.get("max_length_k"),
+                            causal, window, softcap, scaling), None
+
     padding = None
     if attention_mask is not None:
         padding = _mask_to_padding(attention_mask, B, Sq, Sk, causal, window)
@@ -266,17 +273,27 @@ def ioattn_attention_forward(
 
 def _packed_forward(q, k, v, starts, causal, window, softcap, scaling):
     """Rows of (B, S) holding several sequences, split where positions restart."""
-    B, S, Hq, _ = q.shape
+    B, S = q.shape[:2]
     first = torch.ones((B, 1), dtype=torch.bool, device=q.device)
     begin = torch.cat([first, starts], dim=1).reshape(-1)  # a sequence starts here
     cu = torch.nonzero(begin, as_tuple=False).flatten()
     cu = torch.cat([cu, cu.new_tensor([B * S])]).to(torch.int32)
-    max_len = int((cu[1:] - cu[:-1]).max())
-    # reshape is a view when q is contiguous in (B, S) and a copy otherwise (keys and values
-    # arrive transposed from (B, H, S, D)): the packed layout needs one row per token.
+    return _varlen_rows(q, k, v, cu, cu, None, None, causal, window, softcap, scaling)
+
+
+def _varlen_rows(q, k, v, cu_q, cu_k, max_q, max_k, causal, window, softcap, scaling):
+    """(B, S, H, D) tensors whose B * S rows are the packed sequences of cu_q / cu_k."""
+    B, S, Hq, _ = q.shape
+    cu_q, cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
+    if max_q is None:
+        max_q = int((cu_q[1:] - cu_q[:-1]).max()) if cu_q.numel() > 1 else 0
+    if max_k is None:
+        max_k = int((cu_k[1:] - cu_k[:-1]).max()) if cu_k.numel() > 1 else 0
+    # reshape is a view when the tensor is contiguous in (B, S) and a copy otherwise (keys and
+    # values arrive transposed from (B, H, S, D)): the packed layout needs one row per token.
     out = ops.attention_varlen(
-        q.reshape(B * S, Hq, q.shape[-1]), k.reshape(B * S, k.shape[2], k.shape[-1]),
-        v.reshape(B * S, v.shape[2], v.shape[-1]), cu, cu, max_len, max_len,
+        q.reshape(B * S, Hq, q.shape[-1]), k.reshape(-1, k.shape[2], k.shape[-1]),
+        v.reshape(-1, v.shape[2], v.shape[-1]), cu_q, cu_k, int(max_q), int(max_k),
         causal=causal, window=window, softcap=softcap, scale=scaling,
     )
     return out.view(B, S, Hq, v.shape[-1])
