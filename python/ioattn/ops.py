@@ -197,6 +197,11 @@ def _attention_kvcache_fake(
 
 WindowArg = Union[Sequence[int], None]
 
+# The OpOverloads, looked up once (torch.ops attribute access costs a few µs per call).
+_ATTENTION = torch.ops.ioattn.attention.default
+_ATTENTION_VARLEN = torch.ops.ioattn.attention_varlen.default
+_ATTENTION_KVCACHE = torch.ops.ioattn.attention_kvcache.default
+
 
 def _window(window: WindowArg) -> Tuple[int, int]:
     if window is None:
@@ -230,7 +235,7 @@ def attention(
     0 is off. Returns out (B, Sq, Hq, Dv), or (out, lse) with lse float32 (B, Hq, Sq).
     """
     wl, wr = _window(window)
-    out, lse = torch.ops.ioattn.attention.default(
+    out, lse = _ATTENTION(
         q, k, v, bool(causal), wl, wr, float(softcap), _scale(scale), bool(return_lse)
     )
     return (out, lse) if return_lse else out
@@ -257,7 +262,7 @@ def attention_varlen(
     device. Returns out (total_q, Hq, Dv), or (out, lse) with lse float32 (Hq, total_q).
     """
     wl, wr = _window(window)
-    out, lse = torch.ops.ioattn.attention_varlen.default(
+    out, lse = _ATTENTION_VARLEN(
         q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
         bool(causal), wl, wr, float(softcap), _scale(scale), bool(return_lse),
     )
@@ -292,7 +297,7 @@ def attention_kvcache(
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     wl, wr = _window(window)
-    out, lse = torch.ops.ioattn.attention_kvcache.default(
+    out, lse = _ATTENTION_KVCACHE(
         q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
         bool(causal), wl, wr, float(softcap), _scale(scale), bool(return_lse),
     )
