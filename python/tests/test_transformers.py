@@ -107,6 +107,19 @@ def test_llama_left_padded_batch_matches_sdpa(calls):
         assert torch.equal(alone[0, -NEW_TOKENS:], ours[row, -NEW_TOKENS:])
 
 
+def test_llama_static_cache_matches_sdpa(calls):
+    """A static cache has more key slots than tokens: transformers passes the short 2-D mask and
+    the unused slots must not be attended to."""
+    config = llama_config()
+    ids, mask = _padded_batch("left")
+    kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0, cache_implementation="static")
+    with torch.no_grad():
+        ours = build(transformers.LlamaForCausalLM, config, "ioattn").generate(ids, attention_mask=mask, **kw)
+        theirs = build(transformers.LlamaForCausalLM, config, "sdpa").generate(ids, attention_mask=mask, **kw)
+    assert calls["attention_varlen"] > 0
+    assert torch.equal(ours, theirs)
+
+
 def test_llama_right_padded_forward_matches_sdpa(calls):
     config = llama_config()
     ids, mask = _padded_batch("right")
