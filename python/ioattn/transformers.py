@@ -227,8 +227,7 @@ def ioattn_attention_forward(
     Sk = key.shape[2]
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
-    # Causal with a single query and no mask is the same as non-causal bottom-right: keep it.
-    causal = bool(is_causal)
+    causal = bool(is_causal)  # bottom-right aligned: decoding with a cache needs no mask
     if sliding_window is not None and sliding_window > 0:
         # transformers: key visible iff kv_idx > q_idx - W, i.e. W - 1 keys to the left.
         window = (int(sliding_window) - 1, -1 if causal else int(sliding_window) - 1)
@@ -237,9 +236,9 @@ def ioattn_attention_forward(
     softcap = float(softcap) if softcap else 0.0
 
     # (B, H, S, D) -> (B, S, H, D) views: strides are honoured, the head dim stays contiguous.
-    q = query.transpose(1, 2)
-    k = key.transpose(1, 2)
-    v = value.transpose(1, 2)
+    # A head dim that is not contiguous (no model in transformers makes one) is copied here
+    # rather than rejected by the library.
+    q, k, v = (x.transpose(1, 2) if x.stride(-1) == 1 else x.transpose(1, 2).contiguous() for x in (query, key, value))
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is not None and cu_k is not None and attention_mask is None:
