@@ -1,0 +1,304 @@
+"""PyTorch integration: torch.library custom ops over ioattn's kernels.
+
+Three operators are registered in the ``ioattn`` namespace, each with a CPU and a CUDA
+implementation (both call :mod:`ioattn._core`, which picks the backend and the current CUDA
+stream from the tensors) and a fake (meta) implementation, so ``torch.compile(fullgraph=True)``
+traces them as single graph nodes:
+
+- ``ioattn::attention(Tensor q, Tensor k, Tensor v, bool causal, int window_left,
+  int window_right, float softcap, float? scale, bool return_lse) -> (Tensor, Tensor)``
+- ``ioattn::attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q,
+  Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal, int window_left,
+  int window_right, float softcap, float? scale, bool return_lse) -> (Tensor, Tensor)``
+- ``ioattn::attention_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache,
+  Tensor cache_seqlens, Tensor? k_new, Tensor? v_new, Tensor? block_table, bool causal,
+  int window_left, int window_right, float softcap, float? scale, bool return_lse)
+  -> (Tensor, Tensor)``; k_cache and v_cache are declared mutated (k_new/v_new are appended in
+  place at cache_seqlens, FlashAttention's flash_attn_with_kvcache semantics).
+
+Every op returns ``(out, lse)``. ``out`` is a new contiguous tensor of q's dtype with v's head
+dim; ``lse`` is float32 ((B, Hq, Sq), (Hq, total_q) for varlen) when ``return_lse`` is true and
+an empty float32 tensor of shape (0,) otherwise: the flag is a compile-time constant of the
+graph, so both shapes are static for the tracer and no LSE is computed when nobody reads it.
+
+The ops have no backward (the library is forward-only): an input that requires grad is an
+error at backward time. The public wrappers :func:`attention`, :func:`attention_varlen` and
+:func:`attention_kvcache` take FlashAttention's argument names and return ``out`` or
+``(out, lse)``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from . import _core
+
+__all__ = ["attention", "attention_varlen", "attention_kvcache"]
+
+# Inductor keeps the eager strides of the inputs of an op with this tag: the library takes any
+# (B, S, H) strides but needs the head dim contiguous, and must not see a layout it rejects
+# just because the compiler chose one.
+_TAGS = (torch.Tag.needs_fixed_stride_order,) if hasattr(torch.Tag, "needs_fixed_stride_order") else ()
+_DEVICES = ("cpu", "cuda")
+
+
+def _empty_lse(q: Tensor) -> Tensor:
+    return torch.empty((0,), dtype=torch.float32, device=q.device)
+
+
+# --------------------------------------------------------------------------------------------
+# ioattn::attention
+# --------------------------------------------------------------------------------------------
+
+
+def _dense_shapes(q: Tensor, v: Tensor):
+    if q.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            f"ioattn.attention: q, k, v must be 4-D (B, S, H, D); got q {tuple(q.shape)}, v {tuple(v.shape)}"
+        )
+    B, Sq, Hq, _ = q.shape
+    return (B, Sq, Hq, v.shape[3]), (B, Hq, Sq)
+
+
+@torch.library.custom_op("ioattn::attention", mutates_args=(), device_types=_DEVICES, tags=_TAGS)
+def _attention_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    scale: Optional[float],
+    return_lse: bool,
+) -> Tuple[Tensor, Tensor]:
+    out_shape, lse_shape = _dense_shapes(q, v)
+    out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
+    _core.run_forward(
+        q, k, v, out, lse,
+        causal=causal, window=(window_left, window_right), softcap=softcap, scale=scale,
+    )
+    return out, (lse if return_lse else _empty_lse(q))
+
+
+@_attention_op.register_fake
+def _attention_fake(q, k, v, causal, window_left, window_right, softcap, scale, return_lse):
+    out_shape, lse_shape = _dense_shapes(q, v)
+    out = q.new_empty(out_shape)
+    lse = q.new_empty(lse_shape if return_lse else (0,), dtype=torch.float32)
+    return out, lse
+
+
+# --------------------------------------------------------------------------------------------
+# ioattn::attention_varlen
+# --------------------------------------------------------------------------------------------
+
+
+def _varlen_shapes(q: Tensor, v: Tensor):
+    if q.dim() != 3 or v.dim() != 3:
+        raise ValueError(
+            "ioattn.attention_varlen: q, k, v must be 3-D (total, H, D); "
+            f"got q {tuple(q.shape)}, v {tuple(v.shape)}"
+        )
+    total_q, Hq, _ = q.shape
+    return (total_q, Hq, v.shape[2]), (Hq, total_q)
+
+
+@torch.library.custom_op("ioattn::attention_varlen", mutates_args=(), device_types=_DEVICES, tags=_TAGS)
+def _attention_varlen_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    scale: Optional[float],
+    return_lse: bool,
+) -> Tuple[Tensor, Tensor]:
+    # max_seqlen_q / max_seqlen_k are FlashAttention's launch hints; the library reads the
+    # lengths from cu_seqlens itself, so they are accepted and not needed.
+    out_shape, lse_shape = _varlen_shapes(q, v)
+    out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
+    _core.run_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse,
+        causal=causal, window=(window_left, window_right), softcap=softcap, scale=scale,
+    )
+    return out, (lse if return_lse else _empty_lse(q))
+
+
+@_attention_varlen_op.register_fake
+def _attention_varlen_fake(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    causal, window_left, window_right, softcap, scale, return_lse,
+):
+    out_shape, lse_shape = _varlen_shapes(q, v)
+    out = q.new_empty(out_shape)
+    lse = q.new_empty(lse_shape if return_lse else (0,), dtype=torch.float32)
+    return out, lse
+
+
+# --------------------------------------------------------------------------------------------
+# ioattn::attention_kvcache
+# --------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op(
+    "ioattn::attention_kvcache", mutates_args=("k_cache", "v_cache"), device_types=_DEVICES, tags=_TAGS
+)
+def _attention_kvcache_op(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cache_seqlens: Tensor,
+    k_new: Optional[Tensor],
+    v_new: Optional[Tensor],
+    block_table: Optional[Tensor],
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    scale: Optional[float],
+    return_lse: bool,
+) -> Tuple[Tensor, Tensor]:
+    out_shape, lse_shape = _dense_shapes(q, v_cache)
+    out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
+    _core.run_kvcache(
+        q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, out, lse,
+        causal=causal, window=(window_left, window_right), softcap=softcap, scale=scale,
+    )
+    return out, (lse if return_lse else _empty_lse(q))
+
+
+@_attention_kvcache_op.register_fake
+def _attention_kvcache_fake(
+    q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
+    causal, window_left, window_right, softcap, scale, return_lse,
+):
+    out_shape, lse_shape = _dense_shapes(q, v_cache)
+    out = q.new_empty(out_shape)
+    lse = q.new_empty(lse_shape if return_lse else (0,), dtype=torch.float32)
+    return out, lse
+
+
+# --------------------------------------------------------------------------------------------
+# Public wrappers (FlashAttention's names and argument conventions)
+# --------------------------------------------------------------------------------------------
+
+WindowArg = Union[Sequence[int], None]
+
+# The OpOverloads, looked up once (torch.ops attribute access costs a few µs per call).
+_ATTENTION = torch.ops.ioattn.attention.default
+_ATTENTION_VARLEN = torch.ops.ioattn.attention_varlen.default
+_ATTENTION_KVCACHE = torch.ops.ioattn.attention_kvcache.default
+
+
+def _window(window: WindowArg) -> Tuple[int, int]:
+    if window is None:
+        return -1, -1
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise ValueError(f"ioattn: window must be a pair (left, right) of ints, -1 = unbounded; got {window!r}") from None
+    return int(left), int(right)
+
+
+def _scale(scale: Optional[float]) -> Optional[float]:
+    return None if scale is None else float(scale)
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    window: WindowArg = (-1, -1),
+    softcap: float = 0.0,
+    scale: Optional[float] = None,
+    return_lse: bool = False,
+):
+    """Exact attention on (B, S, H, D) tensors (FlashAttention's flash_attn_func layout).
+
+    q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv) with Hq % Hkv == 0 (GQA/MQA);
+    causal and windows are bottom-right aligned; ``scale`` None means 1/sqrt(D); ``softcap``
+    0 is off. Returns out (B, Sq, Hq, Dv), or (out, lse) with lse float32 (B, Hq, Sq).
+    """
+    wl, wr = _window(window)
+    out, lse = _ATTENTION(
+        q, k, v, bool(causal), wl, wr, float(softcap), _scale(scale), bool(return_lse)
+    )
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    window: WindowArg = (-1, -1),
+    softcap: float = 0.0,
+    scale: Optional[float] = None,
+    return_lse: bool = False,
+):
+    """Packed variable-length batch (FlashAttention's flash_attn_varlen_func layout).
+
+    q (total_q, Hq, D), k/v (total_k, Hkv, D/Dv), cu_seqlens_q/k int32 (batch + 1,) on q's
+    device. Returns out (total_q, Hq, Dv), or (out, lse) with lse float32 (Hq, total_q).
+    """
+    wl, wr = _window(window)
+    out, lse = _ATTENTION_VARLEN(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+        bool(causal), wl, wr, float(softcap), _scale(scale), bool(return_lse),
+    )
+    return (out, lse) if return_lse else out
+
+
+def attention_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cache_seqlens: Union[Tensor, int],
+    *,
+    k_new: Optional[Tensor] = None,
+    v_new: Optional[Tensor] = None,
+    block_table: Optional[Tensor] = None,
+    causal: bool = False,
+    window: WindowArg = (-1, -1),
+    softcap: float = 0.0,
+    scale: Optional[float] = None,
+    return_lse: bool = False,
+):
+    """Attention over a KV cache (FlashAttention's flash_attn_with_kvcache semantics).
+
+    k_cache/v_cache (B, S_max, Hkv, D) or paged (num_pages, page_size, Hkv, D) with
+    block_table int32 (B, max_pages); cache_seqlens int32 (B,) (an int means the same length
+    for every sequence). k_new/v_new (B, S_new, Hkv, D) are written into the cache in place at
+    cache_seqlens[b]; cache_seqlens itself is not advanced. q (B, Sq, Hq, D) attends over
+    cache_seqlens[b] + S_new keys. Returns out, or (out, lse) with lse float32 (B, Hq, Sq).
+    """
+    if (k_new is None) != (v_new is None):
+        raise ValueError("ioattn.attention_kvcache: k_new and v_new must be given together")
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    wl, wr = _window(window)
+    out, lse = _ATTENTION_KVCACHE(
+        q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
+        bool(causal), wl, wr, float(softcap), _scale(scale), bool(return_lse),
+    )
+    return (out, lse) if return_lse else out
