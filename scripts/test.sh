@@ -70,6 +70,18 @@ if [[ "$(uname -m)" == x86_64 ]]; then
   scripts/ci_arm.sh
 fi
 
+step "Python package: pip install (CPU), pytest with torch and transformers from PyPI"
+# A virtual environment of this checkout's own; PyPI's torch wheel (with its CUDA libraries, about
+# 3 GB) runs on the CPU here. The build reuses build-python/ between runs; CUDA is left to the GPU
+# machine (scripts/gpu_run.sh), which saves this stage the nvcc compile.
+python3 -c 'import sysconfig, os, venv; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
+  2>/dev/null || scripts/setup.sh python3-dev python3-venv
+[[ -x build-pyvenv/bin/python ]] || python3 -m venv build-pyvenv
+build-pyvenv/bin/pip install -q --upgrade pip
+build-pyvenv/bin/pip install -q numpy pytest torch transformers
+build-pyvenv/bin/pip install -q . --config-settings=cmake.define.IOATTN_CUDA=OFF
+IOATTN_CLI="$PWD/build/tools/ioattn" build-pyvenv/bin/python -m pytest python/tests -q
+
 step "installed package: find_package(ioattn CONFIG) and pkg-config"
 rm -rf build-install-prefix build-consumer
 cmake --install build --prefix "$PWD/build-install-prefix"
