@@ -45,8 +45,22 @@ _TAGS = (torch.Tag.needs_fixed_stride_order,) if hasattr(torch.Tag, "needs_fixed
 _DEVICES = ("cpu", "cuda")
 
 
-def _empty_lse(q: Tensor) -> Tensor:
-    return torch.empty((0,), dtype=torch.float32, device=q.device)
+def _outputs(q: Tensor, shapes, return_lse: bool):
+    """out in q's dtype and, when requested, lse in float32 (else None: the kernel skips it)."""
+    out_shape, lse_shape = shapes
+    out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
+    return out, lse
+
+
+def _returned(q: Tensor, out: Tensor, lse: Optional[Tensor]):
+    """The op's (out, lse): an empty (0,) lse when none was asked for, a static shape to trace."""
+    return out, (lse if lse is not None else torch.empty((0,), dtype=torch.float32, device=q.device))
+
+
+def _fake_outputs(q: Tensor, shapes, return_lse: bool):
+    out_shape, lse_shape = shapes
+    return q.new_empty(out_shape), q.new_empty(lse_shape if return_lse else (0,), dtype=torch.float32)
 
 
 # --------------------------------------------------------------------------------------------
@@ -75,22 +89,17 @@ def _attention_op(
     scale: Optional[float],
     return_lse: bool,
 ) -> Tuple[Tensor, Tensor]:
-    out_shape, lse_shape = _dense_shapes(q, v)
-    out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
+    out, lse = _outputs(q, _dense_shapes(q, v), return_lse)
     _core.run_forward(
         q, k, v, out, lse,
         causal=causal, window=(window_left, window_right), softcap=softcap, scale=scale,
     )
-    return out, (lse if return_lse else _empty_lse(q))
+    return _returned(q, out, lse)
 
 
 @_attention_op.register_fake
 def _attention_fake(q, k, v, causal, window_left, window_right, softcap, scale, return_lse):
-    out_shape, lse_shape = _dense_shapes(q, v)
-    out = q.new_empty(out_shape)
-    lse = q.new_empty(lse_shape if return_lse else (0,), dtype=torch.float32)
-    return out, lse
+    return _fake_outputs(q, _dense_shapes(q, v), return_lse)
 
 
 # --------------------------------------------------------------------------------------------
@@ -126,14 +135,12 @@ def _attention_varlen_op(
 ) -> Tuple[Tensor, Tensor]:
     # max_seqlen_q / max_seqlen_k are FlashAttention's launch hints; the library reads the
     # lengths from cu_seqlens itself, so they are accepted and not needed.
-    out_shape, lse_shape = _varlen_shapes(q, v)
-    out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
+    out, lse = _outputs(q, _varlen_shapes(q, v), return_lse)
     _core.run_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse,
         causal=causal, window=(window_left, window_right), softcap=softcap, scale=scale,
     )
-    return out, (lse if return_lse else _empty_lse(q))
+    return _returned(q, out, lse)
 
 
 @_attention_varlen_op.register_fake
@@ -141,10 +148,7 @@ def _attention_varlen_fake(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     causal, window_left, window_right, softcap, scale, return_lse,
 ):
-    out_shape, lse_shape = _varlen_shapes(q, v)
-    out = q.new_empty(out_shape)
-    lse = q.new_empty(lse_shape if return_lse else (0,), dtype=torch.float32)
-    return out, lse
+    return _fake_outputs(q, _varlen_shapes(q, v), return_lse)
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,14 +174,12 @@ def _attention_kvcache_op(
     scale: Optional[float],
     return_lse: bool,
 ) -> Tuple[Tensor, Tensor]:
-    out_shape, lse_shape = _dense_shapes(q, v_cache)
-    out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
+    out, lse = _outputs(q, _dense_shapes(q, v_cache), return_lse)
     _core.run_kvcache(
         q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, out, lse,
         causal=causal, window=(window_left, window_right), softcap=softcap, scale=scale,
     )
-    return out, (lse if return_lse else _empty_lse(q))
+    return _returned(q, out, lse)
 
 
 @_attention_kvcache_op.register_fake
@@ -185,10 +187,7 @@ def _attention_kvcache_fake(
     q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
     causal, window_left, window_right, softcap, scale, return_lse,
 ):
-    out_shape, lse_shape = _dense_shapes(q, v_cache)
-    out = q.new_empty(out_shape)
-    lse = q.new_empty(lse_shape if return_lse else (0,), dtype=torch.float32)
-    return out, lse
+    return _fake_outputs(q, _dense_shapes(q, v_cache), return_lse)
 
 
 # --------------------------------------------------------------------------------------------
