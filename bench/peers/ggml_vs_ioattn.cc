@@ -10,8 +10,8 @@
 // usage: ggml_vs_ioattn prefill B H S D causal threads rounds
 //        ggml_vs_ioattn decode  B Hq Hkv D Sk threads rounds
 // prints one line: mode shape threads ioattn_ms ggml_ms speedup metric_ioattn metric_ggml maxdiff
-#include <ggml.h>
 #include <ggml-cpu.h>
+#include <ggml.h>
 #include <ioattn/ioattn.h>
 
 #include <algorithm>
@@ -66,8 +66,8 @@ struct Ggml {
 
   // Tensors as ne = [D, H, S, B] (BSHD memory), permuted to [D, S, H, B] for the op.
   void build(int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t D, bool causal, int threads) {
-    size_t bytes = size_t(B * Sq * Hq * D) * 4 + size_t(B * Sk * Hkv * D) * 2 * 2 +
-                   (causal ? size_t(Sk * Sq) * 2 : 0) + size_t(B * Sq * Hq * D) * 4 + (64u << 20);
+    size_t bytes = size_t(B * Sq * Hq * D) * 4 + size_t(B * Sk * Hkv * D) * 2 * 2 + (causal ? size_t(Sk * Sq) * 2 : 0) +
+                   size_t(B * Sq * Hq * D) * 4 + (64u << 20);
     ggml_init_params ip = {bytes, nullptr, false};
     ctx = ggml_init(ip);
     ggml_tensor* q4 = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D, Hq, Sq, B);
@@ -187,7 +187,10 @@ int main(int argc, char** argv) {
     for (int k = 0; k < 2; ++k) {
       bool io_turn = (k == 0) == (r % 2 == 0);
       double t0 = now_ms();
-      if (io_turn) run_io(); else g.run();
+      if (io_turn)
+        run_io();
+      else
+        g.run();
       double dt = now_ms() - t0;
       (io_turn ? t_io : t_gg).push_back(dt);
     }
