@@ -4,7 +4,7 @@
 # compute-sanitizer (memcheck, racecheck, synccheck) over every GPU test binary, the CPU tests on
 # that host's AVX-512 cores, and the benchmark beside PyTorch's SDPA backends. Everything printed
 # also lands in $OUT (default ./out): build.txt, device.txt, ctest.txt, gpu_test.txt, sanitize.txt,
-# cpu_test.txt, bench_ioattn.jsonl, bench_table.md, bench_peers.json.
+# cpu_test.txt, python_test.txt, python_wheel.txt, bench_ioattn.jsonl, bench_table.md, bench_peers.json.
 #
 # The build uses the Debian packages carried in .deps/debs, unpacked into a prefix (Highway,
 # nlohmann_json, OpenBLAS: that machine's Ubuntu lacks Highway), and the machine's own Catch2 3
@@ -12,8 +12,8 @@
 # the tests meet Catch2 3, and a run that built only named targets once hid a test tree that did
 # not compile there.
 #
-#   IOATTN_STEPS="ctest test sanitize cpu bench"
-#                                       which steps to run after the build (default: all five)
+#   IOATTN_STEPS="ctest test sanitize cpu python bench"
+#                                       which steps to run after the build (default: all six)
 #   IOATTN_GPU_TESTS="test_gpu_forward test_gpu_inference test_gpu_faults"
 #                                       GPU test binaries for the test and sanitize steps
 #   IOATTN_SANITIZE_TOOLS="memcheck racecheck synccheck"
@@ -31,7 +31,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$root/out}
 mkdir -p "$OUT"
-steps=${IOATTN_STEPS:-ctest test sanitize cpu bench}
+steps=${IOATTN_STEPS:-ctest test sanitize cpu python bench}
 gpu_tests=${IOATTN_GPU_TESTS:-test_gpu_forward test_gpu_inference test_gpu_faults}
 cpu_tests=${IOATTN_CPU_TESTS:-test_cpu_forward test_cpu_edge test_cpu_decode test_inference_cpu test_cpu_threads}
 tools=${IOATTN_SANITIZE_TOOLS:-memcheck racecheck synccheck}
@@ -170,6 +170,44 @@ if [[ " $steps " == *" cpu "* ]]; then
   "$test_dir/test_cpu_decode" "decode: every compiled Highway target" -s 2>&1 |
     grep -oE '^  (SCALAR|EMU128|SSSE3|SSE4|AVX2|AVX3[A-Z0-9_]*) ' | sort | uniq -c | sed 's/^/decode sections: /' |
     tee -a "$OUT/cpu_test.txt"
+fi
+
+if [[ " $steps " == *" python "* ]]; then
+  # The pytest suite on CUDA and CPU tensors with the machine's own torch: the same tree gains the
+  # extension (-DIOATTN_PYTHON=ON, one more target), nanobind and pytest come from .deps/wheels.
+  echo "== Python suite (torch $(python3 -c 'import torch; print(torch.__version__)' 2>&1))"
+  pyw=/tmp/ioattn-pywheels
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$pyw" "$root"/.deps/wheels/*.whl \
+    >"$OUT/python_test.txt" 2>&1
+  export PYTHONPATH="$pyw${PYTHONPATH:+:$PYTHONPATH}"
+  { cmake -S "$root" -B "$build" -DIOATTN_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" &&
+    ninja -C "$build" _ext; } >>"$OUT/python_test.txt" 2>&1
+  rc=$?
+  if [[ $rc -eq 0 ]]; then
+    IOATTN_BUILD_DIR=$build IOATTN_CLI=$build/tools/ioattn python3 -m pytest -q -p no:cacheprovider \
+      "$root/python/tests" >>"$OUT/python_test.txt" 2>&1
+    rc=$?
+  fi
+  tail -4 "$OUT/python_test.txt"
+  echo "python: exit $rc" | tee -a "$OUT/python_test.txt"
+  [[ $rc -eq 0 ]] || status=1
+  # The wheel pip builds from this checkout (CPU only, to spare a second nvcc build): on CPython
+  # 3.12+ it is the stable-ABI one (cp312-abi3); installed alone, it passes the numpy tests.
+  wheel_dir=/tmp/ioattn-wheel
+  rm -rf "$wheel_dir" && mkdir -p "$wheel_dir"
+  {
+    python3 --version
+    python3 -m pip wheel --no-build-isolation --no-deps -w "$wheel_dir/dist" -Ccmake.define.IOATTN_CUDA=OFF \
+      -Cbuild-dir="$wheel_dir/build" "$root" &&
+      python3 -m pip install -q --no-deps --no-compile --target "$wheel_dir/site" "$wheel_dir"/dist/*.whl &&
+      ls "$wheel_dir/dist" &&
+      (cd /tmp && PYTHONPATH="$wheel_dir/site:$PYTHONPATH" python3 -m pytest -q -p no:cacheprovider \
+        "$root/python/tests/test_numpy.py")
+  } >"$OUT/python_wheel.txt" 2>&1
+  rc=$?
+  grep -E "^Python|\.whl$|passed|failed|error" "$OUT/python_wheel.txt" | tail -5
+  echo "python wheel: exit $rc" | tee -a "$OUT/python_wheel.txt"
+  [[ $rc -eq 0 ]] || status=1
 fi
 
 if [[ " $steps " == *" bench "* ]]; then
