@@ -29,14 +29,14 @@ def is_torch(x):
 def placement(q):
     """(backend, stream) for a call whose query is ``q``; stream is a cudaStream_t as an int."""
     if is_torch(q):
-        device = q.device
-        if device.type == "cuda":
+        # is_cpu and is_cuda are plain flags; q.device builds a torch.device object per call.
+        if q.is_cpu:
+            return BACKEND_CPU, 0
+        if q.is_cuda:
             import torch
 
-            return BACKEND_CUDA, torch.cuda.current_stream(device).cuda_stream
-        if device.type == "cpu":
-            return BACKEND_CPU, 0
-        raise NotImplementedError(f"ioattn runs on CPU and CUDA tensors; q is on {device}")
+            return BACKEND_CUDA, torch.cuda.current_stream(q.device).cuda_stream
+        raise NotImplementedError(f"ioattn runs on CPU and CUDA tensors; q is on {q.device}")
     dlpack_device = getattr(q, "__dlpack_device__", None)
     if dlpack_device is not None and dlpack_device()[0] in _DLPACK_CUDA:
         return BACKEND_CUDA, 0
