@@ -56,6 +56,20 @@ def _numpy_dtype(q):
     return q.dtype
 
 
+_ops_module = None
+
+
+def _ops():
+    """ioattn.ops, imported on the first torch call (it imports torch); a `from . import ops` in
+    each call would cost an import-system lookup every time."""
+    global _ops_module
+    if _ops_module is None:
+        from . import ops
+
+        _ops_module = ops
+    return _ops_module
+
+
 def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scale=None, return_lse=False):
     """Exact attention of q (B, Sq, Hq, D) over k (B, Sk, Hkv, D) and v (B, Sk, Hkv, Dv).
 
@@ -63,9 +77,7 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scale=None
     lse (B, Hq, Sq) float32. A row that sees no key gives out = 0 and lse = -inf.
     """
     if _core.is_torch(q):
-        from . import ops
-
-        return ops.attention(
+        return _ops().attention(
             q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, return_lse=return_lse
         )
     q, k, v = _numpy(q, "q", 4), _numpy(k, "k", 4), _numpy(v, "v", 4)
@@ -107,9 +119,7 @@ def attention_varlen(
     return_lse also lse (Hq, total_q) float32.
     """
     if _core.is_torch(q):
-        from . import ops
-
-        return ops.attention_varlen(
+        return _ops().attention_varlen(
             q,
             k,
             v,
@@ -161,9 +171,7 @@ def attention_kvcache(
     q is float32. Returns out (B, Sq, Hq, Dv) in q's dtype, and with return_lse also lse (B, Hq, Sq).
     """
     if _core.is_torch(q):
-        from . import ops
-
-        return ops.attention_kvcache(
+        return _ops().attention_kvcache(
             q,
             k_cache,
             v_cache,

@@ -29,25 +29,48 @@ def is_torch(x):
 def placement(q):
     """(backend, stream) for a call whose query is ``q``; stream is a cudaStream_t as an int."""
     if is_torch(q):
-        device = q.device
-        if device.type == "cuda":
+        # is_cpu and is_cuda are plain flags; q.device builds a torch.device object per call.
+        if q.is_cpu:
+            return BACKEND_CPU, 0
+        if q.is_cuda:
             import torch
 
-            return BACKEND_CUDA, torch.cuda.current_stream(device).cuda_stream
-        if device.type == "cpu":
-            return BACKEND_CPU, 0
-        raise NotImplementedError(f"ioattn runs on CPU and CUDA tensors; q is on {device}")
+            return BACKEND_CUDA, torch.cuda.current_stream(q.device).cuda_stream
+        raise NotImplementedError(f"ioattn runs on CPU and CUDA tensors; q is on {q.device}")
     dlpack_device = getattr(q, "__dlpack_device__", None)
     if dlpack_device is not None and dlpack_device()[0] in _DLPACK_CUDA:
         return BACKEND_CUDA, 0
     return BACKEND_CPU, 0
 
 
+def _dlpack(x):
+    """A plain torch tensor as a DLPack capsule from torch's C++ exporter; anything else as it is.
+
+    Tensor.__dlpack__, which nanobind would call, is Python around that same exporter and costs
+    several times more than the export (about 2 µs a tensor, most of a small call). Only a tensor
+    its checks would pass takes the shortcut (a subclass keeps its own __dlpack__; a tensor that
+    requires grad, has the conjugate bit, is not strided or is on a CUDA device other than the
+    current one goes to __dlpack__ as before), and an export that fails leaves the tensor to
+    __dlpack__ too, so every refusal reads as it did.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or type(x) is not torch.Tensor:
+        return x
+    if x.requires_grad or x.is_conj() or x.layout != torch.strided:
+        return x
+    if not x.is_cpu and not (x.is_cuda and x.get_device() == torch.cuda.current_device()):
+        return x
+    try:
+        return torch._C._to_dlpack(x)
+    except Exception:  # the refusal is __dlpack__'s to report, as before
+        return x
+
+
 def _input(x):
     # DLPack refuses to export a tensor that requires grad; detach() is a view of the same storage.
     if x is not None and is_torch(x) and x.requires_grad:
-        return x.detach()
-    return x
+        x = x.detach()
+    return _dlpack(x)
 
 
 def _window(window):
@@ -76,7 +99,7 @@ def run_forward(q, k, v, out, lse, *, causal, window, softcap, scale, num_thread
     """Dense attention into ``out`` (B, Sq, Hq, Dv) and ``lse`` (None or float32 (B, Hq, Sq))."""
     opts, threads = _options(causal, window, softcap, scale, num_threads)
     backend, stream = placement(q)
-    _ext.forward(_input(q), _input(k), _input(v), out, lse, *opts, backend, threads, stream)
+    _ext.forward(_input(q), _input(k), _input(v), _dlpack(out), _dlpack(lse), *opts, backend, threads, stream)
 
 
 def run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, *, causal, window, softcap, scale, num_threads=0):
@@ -85,7 +108,8 @@ def run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, *, causal, window,
     opts, threads = _options(causal, window, softcap, scale, num_threads)
     backend, stream = placement(q)
     _ext.forward_varlen(
-        _input(q), _input(k), _input(v), cu_seqlens_q, cu_seqlens_k, out, lse, *opts, backend, threads, stream
+        _input(q), _input(k), _input(v), _dlpack(cu_seqlens_q), _dlpack(cu_seqlens_k), _dlpack(out), _dlpack(lse), *opts,
+        backend, threads, stream
     )
 
 
@@ -100,6 +124,7 @@ def run_kvcache(
     opts, threads = _options(causal, window, softcap, scale, num_threads)
     backend, stream = placement(q)
     _ext.forward_kvcache(
-        _input(q), k_cache, v_cache, cache_seqlens, _input(k_new), _input(v_new), block_table, out, lse, *opts,
+        _input(q), _dlpack(k_cache), _dlpack(v_cache), _dlpack(cache_seqlens), _input(k_new), _input(v_new),
+        _dlpack(block_table), _dlpack(out), _dlpack(lse), *opts,
         backend, threads, stream
     )
