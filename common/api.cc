@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/backend.h"
+#include "common/calibration.h"
 #include "common/hardware.h"
 #include "common/params.h"
 #include "common/status.h"
@@ -527,6 +528,32 @@ Status kvcache_impl(const ioattn_tensor* q, const ioattn_kvcache* cache, const i
   return backend.forward_kvcache(p, seqlen_new > 0 ? &a : nullptr, seqlens.data());
 }
 
+Status tune_impl(const ioattn_tune_options* opt) {
+  if (!opt) return Status::invalid("opt: null tune options pointer (use ioattn_tune_options_default)");
+  if (opt->num_threads < 0 || opt->num_threads > 4096)
+    return Status::invalid(format("opt.num_threads=%d: expected 0 (library default) to 4096", opt->num_threads));
+  if (opt->quick != 0 && opt->quick != 1) return Status::invalid(format("opt.quick=%d: expected 0 or 1", opt->quick));
+  const std::string path = opt->path ? opt->path : calibration_path();
+  if (opt->path && path.empty())
+    return Status::invalid("opt.path is empty: name a file, or NULL for ioattn_tune_path()");
+  if (path.empty())
+    return Status::invalid(
+        "no calibration file location: IOATTN_TUNE_FILE is set empty, or neither XDG_CACHE_HOME "
+        "nor HOME is set; pass opt.path");
+  std::string error;
+  if (!check_calibration_path(path, &error)) return Status::invalid("opt.path: " + error);
+  TuneRequest r;
+  r.threads = opt->num_threads;
+  r.quick = opt->quick == 1;
+  r.progress = opt->progress;
+  r.user = opt->user;
+  Calibration c;
+  if (Status s = cpu_backend().calibrate(r, &c); !s.is_ok()) return s;
+  if (!write_calibration_file(path, detect_host(), c, &error)) return Status::invalid("opt.path: " + error);
+  reset_host_calibration();
+  return Status::ok();
+}
+
 ioattn_status finish(const Status& s) {
   if (!s.is_ok()) t_last_error = s.message;
   return s.code;
@@ -596,6 +623,25 @@ const char* ioattn_status_string(ioattn_status s) {
 const char* ioattn_last_error(void) { return ioattn::t_last_error.c_str(); }
 
 const char* ioattn_version(void) { return IOATTN_VERSION_STRING; }
+
+void ioattn_tune_options_default(ioattn_tune_options* opt) {
+  if (!opt) return;
+  opt->path = nullptr;
+  opt->num_threads = 0;
+  opt->quick = 0;
+  opt->progress = nullptr;
+  opt->user = nullptr;
+}
+
+ioattn_status ioattn_tune(const ioattn_tune_options* opt) {
+  return ioattn::guarded("ioattn_tune", [&] { return ioattn::tune_impl(opt); });
+}
+
+const char* ioattn_tune_path(void) {
+  static thread_local std::string path;
+  path = ioattn::calibration_path();
+  return path.c_str();
+}
 
 int ioattn_backend_available(int32_t backend) {
   if (backend == IOATTN_BACKEND_CPU) return 1;

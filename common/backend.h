@@ -13,6 +13,8 @@
 namespace ioattn {
 
 struct HardwareProfile;
+struct Calibration;
+struct TuneRequest;
 
 // New K/V rows for a KV-cache call, in the backend's memory: rows [0, seqlen_new) of k_new/v_new
 // go to positions seqlens[b] + r of sequence b in the (contiguous or paged) cache p.k/p.v name.
@@ -50,6 +52,10 @@ class Backend {
 
   // The backend's device as a hardware profile; false where it has none to report.
   virtual bool query_device(HardwareProfile* out) const = 0;
+
+  // Times plan candidates on this machine (common/calibration.h); IOATTN_ERROR_UNSUPPORTED where
+  // the backend has nothing to calibrate.
+  virtual Status calibrate(const TuneRequest& request, Calibration* out) const = 0;
 };
 
 const Backend& cpu_backend();  // defined in cpu/backend.cc

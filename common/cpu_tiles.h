@@ -99,6 +99,13 @@ constexpr int cpu_decode_block_keys = 32;
 // (16 KiB at Hq = 32, Hkv = 8, D = 128), is written once and merged once, against the split's
 // 256 x Hkv x (D + Dv) cache elements (1 MiB in f16): under 2% of its traffic.
 constexpr int cpu_decode_min_split_keys = 256;
+// Decode's software prefetch runs this many softmax blocks ahead of the block being computed
+// (0: none, the hardware prefetchers alone). One block is the cache-derived default: a block of
+// every kv head (64 KiB at Hkv = 8, D = 128, f16) arrives in L2 while the previous one is
+// computed. How far ahead pays, if at all, is what the prefetchers of each core decide, so
+// `ioattn tune` measures it (common/calibration.h).
+constexpr int cpu_decode_default_prefetch_blocks = 1;
+constexpr int cpu_decode_max_prefetch_blocks = 2;
 // Bytes of K and V in one decode block: cpu_decode_block_keys positions of every kv head.
 constexpr int64_t cpu_decode_block_bytes(int64_t heads_kv, int64_t head_dim, int64_t head_dim_v, int64_t elem_bytes) {
   return int64_t(cpu_decode_block_keys) * heads_kv * (head_dim + head_dim_v) * elem_bytes;

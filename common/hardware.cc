@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "common/backend.h"
+#include "common/calibration.h"
 
 namespace ioattn {
 
@@ -339,19 +340,32 @@ HardwareProfile planning_profile(const std::string& value) {
   return host;
 }
 
+namespace {
+
+// The detected host with the calibration in effect for it (common/calibration.h).
+HardwareProfile calibrated_host() {
+  HardwareProfile host = detect_host();
+  host.calibration = host_calibration(&host.calibration_note);
+  return host;
+}
+
+}  // namespace
+
 HardwareProfile planning_host() {
   static std::once_flag once;
+  static bool detected = false;
   static HardwareProfile planned;
   std::call_once(once, [] {
     const char* env = std::getenv("IOATTN_HW_PROFILE");
     planned = planning_profile(env ? env : "");
+    detected = !env || !env[0];
   });
-  return planned;
+  return detected ? calibrated_host() : planned;
 }
 
 bool find_profile(const std::string& name, HardwareProfile* out, std::string* error) {
   if (name == "host") {
-    *out = detect_host();
+    *out = calibrated_host();
     return true;
   }
   for (const HardwareProfile& hw : builtin_profiles()) {

@@ -3,10 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace ioattn {
+
+struct Calibration;
 
 enum class DeviceKind { cpu, gpu };
 
@@ -40,6 +43,10 @@ struct HardwareProfile {
   int regs_per_sm = 0;
   std::vector<MemoryLevel> levels;  // innermost first, off-chip last
   std::string source;               // provenance of the profile as a whole
+  // CPU: plan choices measured on this machine (common/calibration.h), or null. Only the detected
+  // host carries one; calibration_note says why a file was not used.
+  std::shared_ptr<const Calibration> calibration;
+  std::string calibration_note;
 
   const MemoryLevel* level(const std::string& level_name) const;
   const MemoryLevel& dram() const { return levels.back(); }

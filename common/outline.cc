@@ -95,6 +95,15 @@ std::string memory_traffic_text(const OutlineFacts& f) {
   return traffic;
 }
 
+// What a calibration file changed and measured, or why one was not used.
+std::string calibration_text(const Plan& plan) {
+  if (plan.calibration.empty()) return {};
+  std::string text = plan.calibrated ? " This plan is " : " This plan is cache-derived: the ";
+  text += plan.calibration;
+  text += '.';
+  return text;
+}
+
 std::string tiling_text(const OutlineFacts& f) {
   const Problem& pr = f.pr;
   const Plan& plan = f.plan;
@@ -104,14 +113,17 @@ std::string tiling_text(const OutlineFacts& f) {
            " kv heads, whose rows keep fp32 Q, " + "scores and O in " + format_bytes(f.decode_state) + " (" +
            f.state_level + "), and reads K and V straight from the " + std::string(dtype_name(pr.kv_dtype)) +
            " cache in " + num(cpu_decode_block_keys) + "-key blocks (" + format_bytes(f.decode_block) +
-           " of K/V per block, the next one prefetched into " + plan.target_level +
-           " in address order), with no packed copy; " + num(plan.work_items) +
-           " tasks (kv_splits=" + num(plan.kv_splits) + ", splits of whole blocks) on " + num(plan.workers) +
-           " workers. The planner's " + "packed blocks, block_q=" + num(plan.block_q) +
-           " x block_kv=" + num(plan.block_kv) + " (" + format_bytes(double(plan.working_set_bytes)) +
-           " of fp32 copies in the " + format_bytes(double(plan.target_level_bytes)) + " per-core " +
-           plan.target_level + "), apply only to calls with more than " + num(cpu_decode_max_rows) +
-           " query rows per kv head.";
+           " of K/V per block, " +
+           (plan.decode_prefetch_blocks > 0 ? "the one " + num(plan.decode_prefetch_blocks) +
+                                                  " ahead prefetched into " + plan.target_level + " in address order"
+                                            : std::string("no software prefetch: the hardware prefetchers alone")) +
+           "), with no packed copy; " + num(plan.work_items) + " tasks (kv_splits=" + num(plan.kv_splits) +
+           ", splits of whole blocks) on " + num(plan.workers) + " workers. The planner's " +
+           "packed blocks, block_q=" + num(plan.block_q) + " x block_kv=" + num(plan.block_kv) + " (" +
+           format_bytes(double(plan.working_set_bytes)) + " of fp32 copies in the " +
+           format_bytes(double(plan.target_level_bytes)) + " per-core " + plan.target_level +
+           "), apply only to calls with more than " + num(cpu_decode_max_rows) + " query rows per kv head." +
+           calibration_text(plan);
   }
   if (f.gpu) {
     return "block_q=" + num(plan.block_q) + ", block_kv=" + num(plan.block_kv) + " (" + num(plan.warps) + " warps, " +
@@ -126,7 +138,8 @@ std::string tiling_text(const OutlineFacts& f) {
          format_bytes(double(plan.working_set_bytes)) + ", fitted to " + fmt("%.0f", kCpuCacheFill * 100) +
          "% of the " + format_bytes(double(plan.target_level_bytes)) + " per-core " + plan.target_level +
          "; both blocks are multiples of the " + num(plan.reg_rows) + "x" + num(plan.reg_cols) + " register tile; " +
-         num(plan.work_items) + " tasks (kv_splits=" + num(plan.kv_splits) + ") on " + num(plan.workers) + " workers.";
+         num(plan.work_items) + " tasks (kv_splits=" + num(plan.kv_splits) + ") on " + num(plan.workers) + " workers." +
+         calibration_text(plan);
 }
 
 std::string stability_text(const OutlineFacts& f) {

@@ -15,9 +15,10 @@ namespace ioattn {
 struct HardwareProfile;
 
 struct TilingOverride {
-  int block_q = 0;    // 0: the planner's choice
-  int block_kv = 0;   // 0: the planner's choice
-  int kv_splits = 0;  // 0: the planner's choice
+  int block_q = 0;                  // 0: the planner's choice
+  int block_kv = 0;                 // 0: the planner's choice
+  int kv_splits = 0;                // 0: the planner's choice
+  int decode_prefetch_blocks = -1;  // -1: the planner's choice
   // Plan as for this profile instead of the detected host (CPU): plans follow the caches, so the
   // tests run every built-in profile's plan on whatever machine runs them.
   const HardwareProfile* profile = nullptr;

@@ -1,9 +1,11 @@
 #include "common/planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <numeric>
 
+#include "common/calibration.h"
 #include "common/cpu_tiles.h"
 #include "common/gpu_tiles.h"
 #include "common/int_math.h"
@@ -100,6 +102,70 @@ void set_cpu_workers(Plan& plan, int64_t tasks, int threads) {
   plan.workers = int(std::max<int64_t>(1, std::min<int64_t>(threads, plan.work_items)));
 }
 
+std::string times(double planned_ms, double best_ms) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%.3g ms against %.3g ms for the cache-derived plan (%.2fx)", best_ms, planned_ms,
+                planned_ms / best_ms);
+  return buf;
+}
+
+std::string factor(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "x%g", f);
+  return buf;
+}
+
+// What plan_cpu's block rules need to re-derive a plan around calibrated blocks.
+struct CpuPlanFrame {
+  int64_t group, row_step, key_step, rows_cap, keys_cap, cores, dvp;
+  int threads;
+};
+
+int64_t nearest_multiple(double x, int64_t step, int64_t cap) {
+  return std::clamp<int64_t>(std::llround(x / double(step)) * step, step, std::max(step, cap));
+}
+
+// The cache-derived prefill blocks scaled by the measured factors. A larger block_q that would
+// leave cores without a query block the plan gave them keeps the planned one.
+void calibrate_prefill(Plan& plan, const Problem& pr, const PrefillCalibration& e, const CpuPlanFrame& f,
+                       const std::string& file) {
+  const int64_t planned_tasks = cpu_tasks(pr, plan);
+  Plan tuned = plan;
+  tuned.block_q = int(nearest_multiple(plan.block_q * e.block_q_factor, f.row_step, f.rows_cap));
+  tuned.block_kv = int(nearest_multiple(plan.block_kv * e.block_kv_factor, f.key_step, f.keys_cap));
+  if (tuned.block_q > plan.block_q && cpu_tasks(pr, tuned) < std::min(f.cores, planned_tasks))
+    tuned.block_q = plan.block_q;
+  tuned.working_set_bytes = cpu_working_set_bytes(tuned.block_q, tuned.block_kv, plan.head_dim_padded, f.dvp);
+  const int64_t tasks = cpu_tasks(pr, tuned);
+  tuned.kv_splits = split_keys(tasks, f.cores, pr.seqlen_k, most_block_splits(pr.seqlen_k, tuned.block_kv));
+  set_cpu_workers(tuned, tasks, f.threads);
+  tuned.calibration = "calibrated (" + file + "): block_q " + factor(e.block_q_factor) + ", block_kv " +
+                      factor(e.block_kv_factor) + " of the cache-derived " + std::to_string(plan.block_q) + "x" +
+                      std::to_string(plan.block_kv) + " gives " + std::to_string(tuned.block_q) + "x" +
+                      std::to_string(tuned.block_kv) + "; at D=" + std::to_string(e.head_dim) + " (" +
+                      std::to_string(e.planned_block_q) + "x" + std::to_string(e.planned_block_kv) +
+                      " planned) the tuning run measured " + times(e.planned_ms, e.best_ms);
+  tuned.calibrated = true;
+  plan = std::move(tuned);
+}
+
+// Decode's measured prefetch distance, and more key splits where the plan splits at all.
+void calibrate_decode(Plan& plan, const Problem& pr, const DecodeCalibration& e, const CpuPlanFrame& f,
+                      const std::string& file) {
+  plan.calibrated = true;
+  plan.decode_prefetch_blocks = e.prefetch_blocks;
+  if (e.split_factor > 1 && plan.kv_splits > 1) {
+    plan.kv_splits = int(std::min<int64_t>(int64_t(plan.kv_splits) * e.split_factor,
+                                           std::max<int64_t>(1, pr.seqlen_k / cpu_decode_min_split_keys)));
+    set_cpu_workers(plan, cpu_tasks(pr, plan), f.threads);
+  }
+  char gbs[64];
+  std::snprintf(gbs, sizeof gbs, " (%.1f GB/s against %.1f)", e.best_gbs, e.planned_gbs);
+  plan.calibration = "calibrated (" + file + "): decode prefetch " + std::to_string(e.prefetch_blocks) +
+                     " block(s) ahead, key splits x" + std::to_string(e.split_factor) + "; for a " +
+                     dtype_name(e.kv_dtype) + " cache the tuning run measured " + times(e.planned_ms, e.best_ms) + gbs;
+}
+
 }  // namespace
 
 Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
@@ -113,6 +179,7 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
   const int64_t dp = round_up(std::max<int64_t>(pr.head_dim, 1), lanes);
   const int64_t dvp = round_up(std::max<int64_t>(pr.head_dim_v, 1), lanes);
   plan.head_dim_padded = int(dp);
+  plan.decode_prefetch_blocks = cpu_decode_default_prefetch_blocks;
 
   const MemoryLevel& target = cpu_target_level(hw);
   plan.target_level = target.name;
@@ -207,6 +274,16 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
                                        : "");
   if (plan.working_set_bytes > plan.target_level_bytes) {
     plan.rationale += "; even the smallest tile overflows " + plan.target_level + " on this profile";
+  }
+  plan.calibration = hw.calibration_note;
+  if (hw.calibration) {
+    const CpuPlanFrame frame{group, rr, rc, rows_cap, keys_cap, cores, dvp, threads > 0 ? threads : cores};
+    if (!decode) {
+      if (const PrefillCalibration* e = hw.calibration->prefill_for(pr.head_dim))
+        calibrate_prefill(plan, pr, *e, frame, hw.calibration->file);
+    } else if (const DecodeCalibration* e = hw.calibration->decode_for(pr.kv_dtype)) {
+      calibrate_decode(plan, pr, *e, frame, hw.calibration->file);
+    }
   }
   return plan;
 }
@@ -312,7 +389,7 @@ Plan plan_gpu(const Problem& pr, const HardwareProfile& hw) {
 }
 
 Plan with_cpu_overrides(Plan plan, const Problem& pr, const HardwareProfile& hw, int threads, int block_q, int block_kv,
-                        int kv_splits) {
+                        int kv_splits, int decode_prefetch_blocks) {
   if (block_q > 0) plan.block_q = block_q;
   if (block_kv > 0) plan.block_kv = block_kv;
   if (block_q > 0 || block_kv > 0) {
@@ -324,6 +401,7 @@ Plan with_cpu_overrides(Plan plan, const Problem& pr, const HardwareProfile& hw,
   }
   if (kv_splits > 0) plan.kv_splits = kv_splits;
   if (block_q > 0 || kv_splits > 0) set_cpu_workers(plan, cpu_tasks(pr, plan), threads);
+  if (decode_prefetch_blocks >= 0) plan.decode_prefetch_blocks = decode_prefetch_blocks;
   return plan;
 }
 

@@ -32,6 +32,11 @@ struct Plan {
   int64_t units = 0;          // independent K/V streams: batch * kv heads (CPU, GQA-packed) or batch * q heads (GPU)
   int64_t rows_per_unit = 0;  // query rows one unit owns: (Hq/Hkv) * Sq on the CPU, Sq on the GPU
   int ctas_per_sm = 0;        // GPU: resident CTAs per SM (shared memory and register limits)
+  int decode_prefetch_blocks = 0;  // CPU decode: software prefetch distance in softmax blocks
+  // CPU: whether a calibration file (common/calibration.h) adjusted this plan; calibration says
+  // what it changed and what was measured, or why a file was not used (empty: there is none).
+  bool calibrated = false;
+  std::string calibration;
 };
 
 // threads: 0 means the profile's core count.
@@ -44,9 +49,10 @@ Plan plan_for(const Problem& pr, const HardwareProfile& hw, int threads = 0);
 int64_t cpu_tasks(const Problem& pr, const Plan& plan);
 
 // `plan` (plan_cpu's for pr on hw) with a caller's block_q, block_kv or kv_splits (0 keeps the
-// planned value): the working set, task count and workers follow plan_cpu's rules for `threads`.
+// planned value) and decode prefetch distance (-1 keeps it): the working set, task count and
+// workers follow plan_cpu's rules for `threads`.
 Plan with_cpu_overrides(Plan plan, const Problem& pr, const HardwareProfile& hw, int threads, int block_q, int block_kv,
-                        int kv_splits);
+                        int kv_splits, int decode_prefetch_blocks = -1);
 
 // Bytes one CPU worker keeps live: packed fp32 Q block, K and V blocks, score/P block, O
 // accumulator, and the running max and sum (8 B per row).

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/hardware.h"
+#include "cpu/calibrate.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/flash_kernel.h"
 #include "cpu/kv_append.h"
@@ -42,6 +43,8 @@ class CpuBackend final : public Backend {
     out->simd_bits = cpu::flash_target_bits();
     return true;
   }
+
+  Status calibrate(const TuneRequest& request, Calibration* out) const override { return cpu::calibrate(request, out); }
 };
 
 }  // namespace

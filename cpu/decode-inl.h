@@ -59,13 +59,14 @@ template <class D>
 hn::Vec<D> PairSums(D d, hn::Vec<D> a, hn::Vec<D> b);
 #endif
 
-// Software prefetch of the next softmax block: a head's K and V rows of block n + 1 (32 x 512
-// bytes at D = 128 in f16) are requested while the same head computes block n, a few lines per
-// inner step of the score and P V loops (per_step = lines / steps, 2 at AVX-512 and D = 128),
-// so the requests overlap the arithmetic instead of queueing behind each other: a burst of the
-// whole block's requests at its start stalls on the L1 fill buffers. The requests are
-// prefetcht2 (into L2), not prefetcht0: the lines are used a block later, after all other heads'
-// blocks have passed through L1, so L1 would not keep them anyway.
+// Software prefetch of a later softmax block: a head's K and V rows of block n + prefetch_blocks
+// (the plan's distance, 1 unless a calibration measured better; 32 x 512 bytes at D = 128 in f16)
+// are requested while the same head computes block n, a few lines per inner step of the score
+// and P V loops (per_step = lines / steps, 2 at AVX-512 and D = 128), so the requests overlap the
+// arithmetic instead of queueing behind each other: a burst of the whole block's requests at its
+// start stalls on the L1 fill buffers. The requests are prefetcht2 (into L2), not prefetcht0: the
+// lines are used blocks later, after all other heads' blocks have passed through L1, so L1 would
+// not keep them anyway.
 struct LineQueue {
   const char* const* rows;
   int64_t nrows, row_bytes, per_step;
@@ -293,10 +294,12 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
     // Lanes past the block's last key score a copy of it, then the softmax masks them.
     for (int64_t i = 0; i < kDecodeStride; ++i) kpos[i] = kbase + k_offset(p, b, seq, j0 + std::min(i, nk - 1), 0);
     for (int64_t i = 0; i < nk; ++i) vpos[i] = vbase + v_offset(p, b, seq, j0 + i, 0);
-    const int64_t nn = std::clamp<int64_t>(ke - j0 - kDecodeKeys, 0, kDecodeKeys);
+    // The block prefetch_blocks ahead (none at 0), within this split's keys.
+    const int64_t jn = j0 + g.prefetch_blocks * kDecodeKeys;
+    const int64_t nn = g.prefetch_blocks > 0 ? std::clamp<int64_t>(ke - jn, 0, kDecodeKeys) : 0;
     for (int64_t i = 0; i < nn; ++i) {
-      knext[i] = kbase + k_offset(p, b, seq, j0 + kDecodeKeys + i, 0);
-      vnext[i] = vbase + v_offset(p, b, seq, j0 + kDecodeKeys + i, 0);
+      knext[i] = kbase + k_offset(p, b, seq, jn + i, 0);
+      vnext[i] = vbase + v_offset(p, b, seq, jn + i, 0);
     }
     // When a position's heads lie side by side (head stride = row length, as in [S][Hkv][D]
     // caches and their pages), one queue walks the whole next block in address order, K then V

@@ -12,7 +12,7 @@ Plan plan_for_params(const AttnParams& p) {
   const HardwareProfile host = p.tiling.profile ? *p.tiling.profile : planning_host();
   const Problem pr = problem_of(p);
   return with_cpu_overrides(plan_cpu(pr, host, threads), pr, host, threads, p.tiling.block_q, p.tiling.block_kv,
-                            p.tiling.kv_splits);
+                            p.tiling.kv_splits, p.tiling.decode_prefetch_blocks);
 }
 
 Status forward(const AttnParams& p) { return flash_forward(p, plan_for_params(p)); }

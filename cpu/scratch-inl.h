@@ -76,6 +76,7 @@ struct Geometry {
   int64_t mp_max = 0;        // rows_max rounded up to the vector: the rows of Q^T and of O
   int64_t block_kv = 0;
   int64_t splits = 1;
+  int64_t prefetch_blocks = 1;  // decode: software prefetch distance in softmax blocks
   // Head mode: a task is a whole (sequence, kv head) whose K/V is packed once and read by all of
   // its query tiles; head_keys is the longest sequence's key count (the head buffers' rows).
   bool head_mode = false;
@@ -107,6 +108,7 @@ Geometry MakeGeometry(const AttnParams& p, const Plan& plan, bool head_mode, int
   g.mp_max = round_up(g.rows_max, g.decode ? std::max<int64_t>(kLanes, kDecodeRowChunk) : kLanes);
   g.block_kv = std::max(1, plan.block_kv);
   g.splits = std::max(1, plan.kv_splits);
+  g.prefetch_blocks = std::clamp(plan.decode_prefetch_blocks, 0, cpu_decode_max_prefetch_blocks);
   g.head_mode = head_mode;
   g.head_keys = head_keys;
   g.heads_kv = g.decode ? p.heads_kv : 1;

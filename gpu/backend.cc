@@ -20,6 +20,10 @@ class GpuBackend final : public Backend {
     return gpu::download(host_dst, src, bytes, stream);
   }
   bool query_device(HardwareProfile* out) const override { return gpu::query_cuda_device(out); }
+  // GPU tiles come from the constexpr table the kernels are instantiated from; nothing to time.
+  Status calibrate(const TuneRequest&, Calibration*) const override {
+    return Status::unsupported("tune: the CUDA backend's tiles are compiled in; calibration is for the CPU backend");
+  }
 };
 
 }  // namespace

@@ -41,6 +41,7 @@ int cmd_traffic(int argc, char** argv);
 int cmd_explain(int argc, char** argv);
 int cmd_hw(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+int cmd_tune(int argc, char** argv);
 
 // plan, traffic, explain or hw with `args` and --json: the JSON text `ioattn <command> <args> --json`
 // prints, without its final newline (the Python package's ioattn.plan() and friends). Throws

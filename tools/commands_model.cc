@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/calibration.h"
 #include "common/outline.h"
 #include "common/planner.h"
 #include "common/traffic.h"
@@ -38,11 +39,33 @@ Plan checked_plan(const Problem& pr, const HardwareProfile& hw, int threads) {
 // One JSON value per hardware entry: the object itself for one, a list for several.
 json one_or_list(const std::vector<json>& items) { return items.size() == 1 ? items[0] : json(items); }
 
+// --tune-file for the length of one command: model_json runs commands inside a process (Python)
+// whose later calls must see its own calibration path again.
+class TuneFileScope {
+ public:
+  TuneFileScope() = default;
+  TuneFileScope(const TuneFileScope&) = delete;
+  TuneFileScope& operator=(const TuneFileScope&) = delete;
+  void set(const std::string& path) {
+    previous_ = set_calibration_path(path);
+    active_ = true;
+  }
+  ~TuneFileScope() {
+    if (active_) set_calibration_path(previous_);
+  }
+
+ private:
+  bool active_ = false;
+  std::string previous_;
+};
+
 struct ModelCommand {
+  explicit ModelCommand(const char* name) : args(name) {}
   Args args;
   ProblemRequest request;
   bool json_output = false;
   int threads = 0;  // CPU workers to plan for; 0: the profile's cores
+  TuneFileScope tune_file;
 };
 
 // Parses the shared flags plus --json; returns false after printing help.
@@ -53,9 +76,15 @@ bool parse_model_command(ModelCommand& c, int argc, char** argv, const std::stri
   c.args.option("--threads", "N",
                 "CPU profiles: plan for a call with num_threads = N (default: the profile's cores); one thread "
                 "runs whole heads where two or more would each get part of one, which moves different bytes");
+  c.args.option("--tune-file", "F.json",
+                "--hw host: the calibration file to apply (default: ioattn_tune_path(), see `ioattn tune`)");
   if (!c.args.parse(argc, argv)) {
     out << c.args.help(synopsis, description);
     return false;
+  }
+  if (const auto f = c.args.value("--tune-file")) {
+    if (f->empty()) throw usage_error("--tune-file: expected a file name, got ''");
+    c.tune_file.set(*f);
   }
   c.request = read_problem_flags(c.args, true);
   c.json_output = c.args.has("--json");
@@ -84,7 +113,7 @@ int print_per_profile(const ModelCommand& c, bool always_list, Entry entry, std:
 namespace {
 
 int run_plan(int argc, char** argv, std::ostream& out) {
-  ModelCommand c{Args("plan"), {}, false, 0};
+  ModelCommand c("plan");
   if (!parse_model_command(
           c, argc, argv, "[problem flags] [--hw NAME]... [--threads N] [--json]",
           std::string("The tiling the planner chooses for the problem on each hardware profile: block\n"
@@ -107,7 +136,7 @@ int run_plan(int argc, char** argv, std::ostream& out) {
 }
 
 int run_traffic(int argc, char** argv, std::ostream& out) {
-  ModelCommand c{Args("traffic"), {}, false, 0};
+  ModelCommand c("traffic");
   if (!parse_model_command(c, argc, argv, "[problem flags] [--hw NAME]... [--threads N] [--json]",
                            "Predicted bytes across every memory boundary (CPU: L1d-L2, L2-L3, L3-DRAM; GPU:\n"
                            "smem-L2, L2-HBM) for flash attention (tiled, scores never materialized) and for\n"
@@ -133,7 +162,7 @@ int run_traffic(int argc, char** argv, std::ostream& out) {
 }
 
 int run_explain(int argc, char** argv, std::ostream& out) {
-  ModelCommand c{Args("explain"), {}, false, 0};
+  ModelCommand c("explain");
   if (!parse_model_command(c, argc, argv, "[problem flags] [--hw NAME]... [--threads N] [--json]",
                            std::string("The design outline of the plan for this problem on this hardware: memory\n"
                                        "traffic, tiling, numerical stability, the tradeoff made and the failure mode\n"

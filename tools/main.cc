@@ -26,6 +26,7 @@ constexpr Command kCommands[] = {
     {"explain", ioattn::cli::cmd_explain, "the design outline of a plan, with its numbers"},
     {"hw", ioattn::cli::cmd_hw, "built-in hardware profiles and the detected host"},
     {"bench", ioattn::cli::cmd_bench, "flash vs standard attention, measured at one shape"},
+    {"tune", ioattn::cli::cmd_tune, "calibrate the CPU plans on this machine (a per-machine file)"},
 };
 
 void print_usage(std::FILE* to) {

@@ -28,26 +28,32 @@ json problem_json(const Problem& pr) {
 }
 
 json plan_json(const Plan& p) {
-  return {{"backend", backend_name(p.backend)},
-          {"hardware", p.hardware},
-          {"block_q", p.block_q},
-          {"block_kv", p.block_kv},
-          {"head_dim_padded", p.head_dim_padded},
-          {"reg_rows", p.reg_rows},
-          {"reg_cols", p.reg_cols},
-          {"kv_splits", p.kv_splits},
-          {"workers", p.workers},
-          {"work_items", p.work_items},
-          {"warps", p.warps},
-          {"stages", p.stages},
-          {"working_set_bytes", p.working_set_bytes},
-          {"target_level", p.target_level},
-          {"target_level_bytes", p.target_level_bytes},
-          {"rationale", p.rationale},
-          {"supported", p.supported},
-          {"units", p.units},
-          {"rows_per_unit", p.rows_per_unit},
-          {"ctas_per_sm", p.ctas_per_sm}};
+  json j = {{"backend", backend_name(p.backend)},
+            {"hardware", p.hardware},
+            {"block_q", p.block_q},
+            {"block_kv", p.block_kv},
+            {"head_dim_padded", p.head_dim_padded},
+            {"reg_rows", p.reg_rows},
+            {"reg_cols", p.reg_cols},
+            {"kv_splits", p.kv_splits},
+            {"workers", p.workers},
+            {"work_items", p.work_items},
+            {"warps", p.warps},
+            {"stages", p.stages},
+            {"working_set_bytes", p.working_set_bytes},
+            {"target_level", p.target_level},
+            {"target_level_bytes", p.target_level_bytes},
+            {"rationale", p.rationale},
+            {"supported", p.supported},
+            {"units", p.units},
+            {"rows_per_unit", p.rows_per_unit},
+            {"ctas_per_sm", p.ctas_per_sm}};
+  if (p.backend == BackendKind::cpu) {
+    j["decode_prefetch_blocks"] = p.decode_prefetch_blocks;
+    j["calibrated"] = p.calibrated;
+    j["calibration"] = p.calibration;
+  }
+  return j;
 }
 
 json traffic_json(const TrafficReport& t) {
@@ -100,6 +106,7 @@ std::string plan_text(const Plan& p, const HardwareProfile& hw) {
      << " work items)\nworking set     " << human_bytes(double(p.working_set_bytes)) << " (" << p.working_set_bytes
      << " B) fitted to " << p.target_level << " (" << human_bytes(double(p.target_level_bytes))
      << " per worker)\nwhy             " << p.rationale << "\n";
+  if (p.backend == BackendKind::cpu && !p.calibration.empty()) os << "calibration     " << p.calibration << "\n";
   if (!p.supported)
     os << "supported       no: no kernel of this build runs this shape; figures are what one would need\n";
   return os.str();

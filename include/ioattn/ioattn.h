@@ -78,6 +78,26 @@ IOATTN_API const char* ioattn_version(void);
 /* 1 when this build can run the backend here (CUDA: compiled in and a device is visible). */
 IOATTN_API int ioattn_backend_available(int32_t backend);
 
+/* Calibration of the CPU backend's plans on this machine (docs/api.md, "Calibration").
+   ioattn_tune times candidates around the cache-derived plan (prefill block sizes; decode
+   prefetch distance and key splits) and writes the winners to a per-machine file, which later
+   calls of every process on this machine load. Under 60 s on 2 cores; quick = 1 runs tiny
+   problems in seconds (a smoke test, not a calibration to keep). */
+typedef void (*ioattn_tune_progress)(int32_t done, int32_t total, const char* what, void* user);
+typedef struct ioattn_tune_options {
+  const char* path;              /* file to write; NULL: ioattn_tune_path() */
+  int32_t num_threads;           /* threads to time with; 0: library default */
+  int32_t quick;                 /* 0 or 1 */
+  ioattn_tune_progress progress; /* called after each timed call; may be NULL */
+  void* user;                    /* passed to progress */
+} ioattn_tune_options;
+IOATTN_API void ioattn_tune_options_default(ioattn_tune_options* opt);
+IOATTN_API ioattn_status ioattn_tune(const ioattn_tune_options* opt);
+/* The calibration file this process reads: IOATTN_TUNE_FILE if set (empty: calibration off),
+   else $XDG_CACHE_HOME/ioattn/tune-<machine hash>.json (~/.cache without XDG_CACHE_HOME).
+   "" when calibration is off. */
+IOATTN_API const char* ioattn_tune_path(void);
+
 #ifdef __cplusplus
 }
 #endif
