@@ -144,7 +144,8 @@ bool parse_key(const json& j, const std::string& where, MachineKey* out, std::st
 }
 
 json key_json(const MachineKey& k) {
-  return {{"cpu_model", k.cpu_model}, {"simd_target", k.simd_target}, {"cores", k.cores}, {"cache_bytes", k.cache_bytes}};
+  return {
+      {"cpu_model", k.cpu_model}, {"simd_target", k.simd_target}, {"cores", k.cores}, {"cache_bytes", k.cache_bytes}};
 }
 
 std::mutex g_path_mutex;
@@ -226,7 +227,7 @@ std::string calibration_path() {
     if (g_path_overridden) return g_path_override;
   }
   // The environment and the machine key are read once: the key costs a read of /proc/cpuinfo.
-  static const std::string default_path = [] () -> std::string {
+  static const std::string default_path = []() -> std::string {
     if (const char* env = std::getenv("IOATTN_TUNE_FILE")) return env;
     std::string dir;
     if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && xdg[0] == '/') {
@@ -276,8 +277,8 @@ std::string calibration_to_json(const HardwareProfile& host, const Calibration& 
                       {"best_ms", e.best_ms},
                       {"planned_gbs", e.planned_gbs},
                       {"best_gbs", e.best_gbs}});
-  doc["calibration"] = {{"key", key_json(c.key)},     {"created", c.created}, {"library", c.library},
-                        {"threads", c.threads},       {"prefill", prefill},   {"decode", decode}};
+  doc["calibration"] = {{"key", key_json(c.key)}, {"created", c.created}, {"library", c.library},
+                        {"threads", c.threads},   {"prefill", prefill},   {"decode", decode}};
   return doc.dump(2) + "\n";
 }
 

@@ -35,8 +35,7 @@ struct MachineKey {
   std::vector<int64_t> cache_bytes;  // per-instance sizes of the caches, innermost first
 
   bool operator==(const MachineKey& o) const {
-    return cpu_model == o.cpu_model && simd_target == o.simd_target && cores == o.cores &&
-           cache_bytes == o.cache_bytes;
+    return cpu_model == o.cpu_model && simd_target == o.simd_target && cores == o.cores && cache_bytes == o.cache_bytes;
   }
   // The first field that differs from `o`, as "cores 16 vs 2"; empty when equal.
   std::string difference(const MachineKey& o) const;
@@ -48,7 +47,9 @@ struct PrefillCalibration {
   int head_dim = 0;
   double block_q_factor = 1, block_kv_factor = 1;
   int planned_block_q = 0, planned_block_kv = 0;  // the tuning problem's cache-derived blocks
-  double planned_ms = 0, best_ms = 0;             // median times of the cache-derived and chosen candidates
+  // The cache-derived candidate's median time, and that times the chosen one's median ratio to it
+  // (each round timed side by side).
+  double planned_ms = 0, best_ms = 0;
 };
 
 // Decode: the software prefetch distance in 32-key blocks (0: none, the hardware prefetchers

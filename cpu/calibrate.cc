@@ -20,8 +20,9 @@
 namespace ioattn::cpu {
 namespace {
 
-// A candidate must beat the cache-derived plan by this much to replace it: the spread of
-// repeated timings on a busy or frequency-scaling machine, so noise alone cannot move a plan.
+// A candidate must beat the cache-derived plan by at least this much, and by more than the
+// spread of its own paired ratios, to replace it: on a shared VM identical plans timed a few
+// seconds apart differ by 10%, so noise alone must not move a plan.
 constexpr double kMinGain = 0.03;
 
 // The tuning problems. Prefill: 16 heads as in the benchmarks' B = 1, H = 16 shape, 2048 keys
@@ -74,17 +75,33 @@ void set_dense_strides(AttnParams& p) {
   p.v_batch_stride = p.seqlen_k * p.v_seq_stride;
 }
 
+double median_of(std::vector<double> s) {
+  std::sort(s.begin(), s.end());
+  return s[s.size() / 2];
+}
+
 struct Candidate {
   HardwareProfile hw;  // the host with this candidate as its calibration
   Plan plan;
   std::string label;
-  std::vector<double> ms;
-  double median() const {
-    std::vector<double> s = ms;
-    std::sort(s.begin(), s.end());
-    return s[s.size() / 2];
-  }
+  std::vector<double> ms;  // one per timed round
+  double median() const { return median_of(ms); }
 };
+
+// Per round, this candidate's time over the cache-derived one's, timed next to it: drift in
+// clock or load between rounds cancels in the ratio.
+std::vector<double> ratios(const Candidate& c, const Candidate& base) {
+  std::vector<double> r;
+  for (size_t i = 0; i < c.ms.size(); ++i) r.push_back(c.ms[i] / base.ms[i]);
+  return r;
+}
+
+// The spread of paired ratios: the middle half's width (all of it below four rounds).
+double spread(std::vector<double> r) {
+  std::sort(r.begin(), r.end());
+  const size_t n = r.size(), lo = n >= 4 ? n / 4 : 0, hi = n >= 4 ? n - 1 - n / 4 : n - 1;
+  return r[hi] - r[lo];
+}
 
 class Tuner {
  public:
@@ -107,13 +124,17 @@ class Tuner {
     return Status::ok();
   }
 
-  // Index of the chosen candidate: the fastest, unless it beats the cache-derived one (index 0)
-  // by less than kMinGain.
+  // Index of the chosen candidate: the one with the lowest median paired ratio to the
+  // cache-derived candidate (index 0), if that ratio is below 1 - max(kMinGain, its spread).
   static size_t choose(const std::vector<Candidate>& cands) {
     size_t best = 0;
-    for (size_t i = 1; i < cands.size(); ++i)
-      if (cands[i].median() < cands[best].median()) best = i;
-    return cands[best].median() < (1 - kMinGain) * cands[0].median() ? best : 0;
+    double best_ratio = 1;
+    for (size_t i = 1; i < cands.size(); ++i) {
+      const double r = median_of(ratios(cands[i], cands[0]));
+      if (r < best_ratio) best = i, best_ratio = r;
+    }
+    if (best == 0) return 0;
+    return best_ratio < 1 - std::max(kMinGain, spread(ratios(cands[best], cands[0]))) ? best : 0;
   }
 
   void add_total(int64_t n) { total_ += int(n); }
@@ -168,8 +189,8 @@ Candidate decode_candidate(const HardwareProfile& host, const Problem& pr, int t
   Candidate c{host, {}, {}, {}};
   if (prefetch != cpu_decode_default_prefetch_blocks || splits != 1) c.hw.calibration = std::move(cal);
   c.plan = plan_cpu(pr, c.hw, threads);
-  c.label = std::string("decode ") + dtype_name(pr.kv_dtype) + " prefetch " + std::to_string(prefetch) +
-            " splits " + std::to_string(c.plan.kv_splits);
+  c.label = std::string("decode ") + dtype_name(pr.kv_dtype) + " prefetch " + std::to_string(prefetch) + " splits " +
+            std::to_string(c.plan.kv_splits);
   return c;
 }
 
@@ -207,7 +228,8 @@ Status calibrate(const TuneRequest& req, Calibration* out) {
   std::vector<DecodeGroup> decode;
   for (DType kv : {DType::f16, DType::bf16, DType::f32}) {
     const int64_t key_bytes = kDecodeHeadsKv * 2 * kDecodeHeadDim * dtype_bytes(kv);
-    const int64_t seqlen_k = std::max<int64_t>(cpu_decode_min_split_keys, z.decode_cache_bytes / key_bytes / z.decode_batch);
+    const int64_t seqlen_k =
+        std::max<int64_t>(cpu_decode_min_split_keys, z.decode_cache_bytes / key_bytes / z.decode_batch);
     DecodeGroup g{decode_params(z.decode_batch, seqlen_k, kv, threads), {}};
     const Problem pr = problem_of(g.p);
     g.cands.push_back(decode_candidate(host, pr, threads, cpu_decode_default_prefetch_blocks, 1));
@@ -257,7 +279,7 @@ Status calibrate(const TuneRequest& req, Calibration* out) {
       e.block_kv_factor = best.hw.calibration->prefill[0].block_kv_factor;
     }
     e.planned_ms = base.median();
-    e.best_ms = best.median();
+    e.best_ms = e.planned_ms * (&best == &base ? 1.0 : median_of(ratios(best, base)));
     cal.prefill.push_back(e);
   }
 
@@ -281,7 +303,7 @@ Status calibrate(const TuneRequest& req, Calibration* out) {
     e.prefetch_blocks = best.plan.decode_prefetch_blocks;
     e.split_factor = std::max(1, best.plan.kv_splits / std::max(1, base.plan.kv_splits));
     e.planned_ms = base.median();
-    e.best_ms = best.median();
+    e.best_ms = e.planned_ms * (&best == &base ? 1.0 : median_of(ratios(best, base)));
     const double bytes = double(2 * nkv * dtype_bytes(g.p.kv_dtype));
     e.planned_gbs = bytes / (e.planned_ms * 1e6);
     e.best_gbs = bytes / (e.best_ms * 1e6);

@@ -120,8 +120,7 @@ TEST_CASE("calibration: the file round-trips and names what is wrong with a bad 
   CHECK(error.find("cut.json") != std::string::npos);
 }
 
-TEST_CASE("calibration: a file is applied on its own machine only, and a bad one changes nothing",
-          "[calibration]") {
+TEST_CASE("calibration: a file is applied on its own machine only, and a bad one changes nothing", "[calibration]") {
   const HardwareProfile host = ioattn::detect_host();
   const ioattn::Problem pr = ioattn::test::make_problem(16, 16, 2048, 2048, 64);
   const Plan derived = ioattn::plan_cpu(pr, host);
@@ -198,8 +197,7 @@ TEST_CASE("calibration: factors scale the cache-derived blocks within the planne
       CHECK(std::abs(tuned.block_kv - want_kv) <= derived.reg_cols);
       if (e->block_q_factor < 1) CHECK(std::abs(tuned.block_q - want_q) <= 12 * 4);
       CHECK(tuned.working_set_bytes ==
-            ioattn::cpu_working_set_bytes(tuned.block_q, tuned.block_kv, tuned.head_dim_padded,
-                                          tuned.head_dim_padded));
+            ioattn::cpu_working_set_bytes(tuned.block_q, tuned.block_kv, tuned.head_dim_padded, tuned.head_dim_padded));
       // Like the planner's own, a calibrated plan is the same for every thread count.
       for (int threads : {1, 3, 7}) {
         const Plan t = ioattn::plan_cpu(pr, hw, threads);

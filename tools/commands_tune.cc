@@ -26,8 +26,9 @@ void progress(int32_t done, int32_t total, const char* what, void* user) {
 std::string results_text(const Calibration& c, const std::string& path) {
   std::ostringstream os;
   char line[256];
-  os << "calibration file " << path << "\n" << c.key.cpu_model << ", " << c.key.simd_target << ", " << c.key.cores
-     << " cores; timed with " << c.threads << " threads\n\n";
+  os << "calibration file " << path << "\n"
+     << c.key.cpu_model << ", " << c.key.simd_target << ", " << c.key.cores << " cores; timed with " << c.threads
+     << " threads\n\n";
   std::snprintf(line, sizeof line, "%-12s %-28s %12s %12s %7s\n", "prefill", "chosen", "planned ms", "chosen ms",
                 "gain");
   os << line;
@@ -38,8 +39,8 @@ std::string results_text(const Calibration& c, const std::string& path) {
                   e.best_ms, e.planned_ms / e.best_ms);
     os << line;
   }
-  std::snprintf(line, sizeof line, "\n%-12s %-28s %12s %12s %7s\n", "decode", "chosen", "planned GB/s",
-                "chosen GB/s", "gain");
+  std::snprintf(line, sizeof line, "\n%-12s %-28s %12s %12s %7s\n", "decode", "chosen", "planned GB/s", "chosen GB/s",
+                "gain");
   os << line;
   for (const DecodeCalibration& e : c.decode) {
     char chosen[64];
