@@ -87,6 +87,26 @@ bool parse_level(const json& j, const std::string& where, MemoryLevel* out, std:
   return true;
 }
 
+bool parse_link(const json& j, const std::string& where, Link* out, std::string* error) {
+  if (!j.is_object()) {
+    *error = where + ": expected an object";
+    return false;
+  }
+  Link l;
+  if (!read_field(j, "name", true, &l.name, where, error) ||
+      !read_field(j, "bandwidth_gbs", true, &l.bandwidth_gbs, where, error) ||
+      !read_field(j, "latency_us", false, &l.latency_us, where, error) ||
+      !read_field(j, "source", false, &l.source, where, error))
+    return false;
+  if (!(l.bandwidth_gbs > 0))
+    *error = where + " ('" + l.name + "'): field 'bandwidth_gbs' must be > 0";
+  else if (!(l.latency_us >= 0))
+    *error = where + " ('" + l.name + "'): field 'latency_us' must be >= 0";
+  if (!error->empty()) return false;
+  *out = std::move(l);
+  return true;
+}
+
 bool parse_profile(const json& j, const std::string& origin, HardwareProfile* out, std::string* error) {
   error->clear();
   if (!j.is_object()) {
@@ -142,6 +162,17 @@ bool parse_profile(const json& j, const std::string& origin, HardwareProfile* ou
       return false;
     }
     hw.levels.push_back(std::move(l));
+  }
+  if (const auto links = j.find("links"); links != j.end()) {
+    if (!links->is_array()) {
+      *error = at + ": field 'links' must be an array";
+      return false;
+    }
+    for (size_t i = 0; i < links->size(); ++i) {
+      Link l;
+      if (!parse_link((*links)[i], at + " links[" + std::to_string(i) + "]", &l, error)) return false;
+      hw.links.push_back(std::move(l));
+    }
   }
   if (hw.kind == DeviceKind::gpu) {
     if (hw.smem_per_block_bytes <= 0 || hw.smem_per_block_bytes > hw.levels.front().size_bytes) {
@@ -445,6 +476,13 @@ std::string profile_to_json(const HardwareProfile& hw) {
             {"clock_ghz", hw.clock_ghz},
             {"source", hw.source},
             {"levels", levels}};
+  if (!hw.links.empty()) {
+    json links = json::array();
+    for (const Link& l : hw.links)
+      links.push_back(
+          {{"name", l.name}, {"bandwidth_gbs", l.bandwidth_gbs}, {"latency_us", l.latency_us}, {"source", l.source}});
+    j["links"] = links;
+  }
   if (hw.kind == DeviceKind::cpu) {
     j["simd_bits"] = hw.simd_bits;
     j["simd_target"] = hw.simd_target;

@@ -28,6 +28,15 @@ struct MemoryLevel {
   int partitions = 1;
 };
 
+// A link to another device of the same kind, for spreading one problem over several (ring
+// attention): NVLink or PCIe between GPUs, a network between CPU hosts.
+struct Link {
+  std::string name;          // "NVLink4", "PCIe5", "100GbE"
+  double bandwidth_gbs = 0;  // per direction: a ring step sends and receives at once
+  double latency_us = 0;     // per message
+  std::string source;
+};
+
 struct HardwareProfile {
   std::string name;         // "zen3", "h200-sxm", "host", ...
   std::string description;  // "AMD EPYC 7003 (Milan) core, Zen 3"
@@ -42,6 +51,7 @@ struct HardwareProfile {
   int64_t smem_per_block_bytes = 0;  // opt-in maximum per thread block
   int regs_per_sm = 0;
   std::vector<MemoryLevel> levels;  // innermost first, off-chip last
+  std::vector<Link> links;          // to peers, fastest first; may be empty
   std::string source;               // provenance of the profile as a whole
   // CPU: plan choices measured on this machine (common/calibration.h), or null. Only the detected
   // host carries one; calibration_note says why a file was not used.

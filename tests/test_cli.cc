@@ -389,6 +389,60 @@ TEST_CASE("cli: explain --json has exactly the five keys, each with this problem
   CHECK(parse_json(run_cli({"explain", "--json", "--hw", "h200-sxm"})).is_object());
 }
 
+TEST_CASE("cli: plan and traffic --ranks model the ring; explain refuses it", "[cli]") {
+  const std::vector<std::string> shape = {"plan", "--hw",       "h100-sxm", "--heads", "16",  "--head-dim",
+                                          "128",  "--seqlen-q", "131072",   "--dtype", "bf16"};
+  const Result r = run_cli(with(shape, {"--ranks", "8", "--json"}));
+  REQUIRE(r.code == 0);
+  const json j = json::parse(r.out);
+  REQUIRE(j.contains("ring"));
+  CHECK(j["ring"]["ranks"] == 8);
+  CHECK(j["ring"]["shard_seqlen"] == 16384);
+  CHECK(j["ring"]["link"]["name"] == "NVLink4");
+  CHECK(j["ring"]["link_bytes_per_step"].get<double>() == 16.0 * 16384 * 256 * 2);
+  CHECK(j["ring"]["hides"] == true);
+  CHECK(j["block_q"] == json::parse(run_cli(with(shape, {"--json"})).out)["block_q"]);
+  const Result t = run_cli(with(shape, {"--ranks", "8", "--link", "PCIe5", "--seqlen-k", "131072", "--json"}));
+  REQUIRE(t.code == 0);
+  CHECK(json::parse(t.out)["ring"]["link"]["bandwidth_gbs"] == 64.0);
+  const Result slow = run_cli(with(shape, {"--ranks", "8", "--link-gbs", "0.01"}));
+  REQUIRE(slow.code == 0);
+  CHECK(slow.out.find("does not hide") != std::string::npos);
+  const Result traffic = run_cli({"traffic", "--hw", "zen3", "--seqlen-q", "8192", "--ranks", "4", "--json"});
+  REQUIRE(traffic.code == 0);
+  CHECK(json::parse(traffic.out)[0]["ring"]["rank_dram_bytes"].get<double>() > 0);
+  expect_usage_error(with(shape, {"--ranks", "3"}), {"--ranks 3", "131072"});
+  expect_usage_error(with(shape, {"--link", "PCIe5"}), {"--ranks"});
+  expect_usage_error(with(shape, {"--ranks", "2", "--link", "10GbE"}), {"10GbE", "NVLink4, PCIe5"});
+  expect_usage_error({"explain", "--ranks", "2"}, {"--ranks"});
+}
+
+TEST_CASE("cli: tune --quick writes a calibration that plan --tune-file applies", "[cli]") {
+  const char* base = std::getenv("TMPDIR");
+  const std::string path =
+      std::string(base ? base : "/tmp") + "/ioattn_test_cli_tune_" + std::to_string(::getpid()) + ".json";
+  const Result r = run_cli({"tune", "--quick", "--tune-file", path, "--threads", "2"});
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find(path) != std::string::npos);
+  CHECK(r.out.find("prefill") != std::string::npos);
+  CHECK(r.err.find("[1/") != std::string::npos);  // progress, one line per timed call off a terminal
+  const Result p = run_cli({"plan", "--tune-file", path, "--json"});
+  REQUIRE(p.code == 0);
+  const json j = json::parse(p.out);
+  CHECK(j["calibrated"] == true);
+  CHECK(j["calibration"].get<std::string>().find(path) != std::string::npos);
+  const Result e = run_cli({"explain", "--tune-file", path, "--json"});
+  REQUIRE(e.code == 0);
+  CHECK(json::parse(e.out)["tiling"].get<std::string>().find("calibrated") != std::string::npos);
+  // Built-in profiles are never calibrated; a missing file leaves the host's plan cache-derived.
+  CHECK(json::parse(run_cli({"plan", "--hw", "zen3", "--tune-file", path, "--json"}).out)["calibrated"] == false);
+  CHECK(json::parse(run_cli({"plan", "--tune-file", path + ".none", "--json"}).out)["calibrated"] == false);
+  std::remove(path.c_str());
+  expect_usage_error({"tune", "--threads", "0"}, {"--threads"});
+  expect_usage_error({"tune", "--tune-file", "/proc/ioattn-nowhere/x.json", "--quick"}, {"/proc/ioattn-nowhere"});
+}
+
 TEST_CASE("cli: hw lists the built-in profiles and the host", "[cli]") {
   const json j = parse_json(run_cli({"hw", "--json"}));
   REQUIRE(j.contains("host"));

@@ -1,5 +1,6 @@
 // plan, traffic, explain and hw: the planner, traffic model and design outline for a problem on
 // one or more hardware profiles, without running anything.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -10,6 +11,7 @@
 #include "common/calibration.h"
 #include "common/outline.h"
 #include "common/planner.h"
+#include "common/ring.h"
 #include "common/traffic.h"
 #include "tools/args.h"
 #include "tools/cli.h"
@@ -66,7 +68,68 @@ struct ModelCommand {
   bool json_output = false;
   int threads = 0;  // CPU workers to plan for; 0: the profile's cores
   TuneFileScope tune_file;
+  int ranks = 0;  // --ranks: 0 when not given
+  std::string link;
+  double link_gbs = 0;
 };
+
+// --ranks N: the ring model on `hw` over the named link (default its fastest), or one of
+// --link-gbs's bandwidth. Null JSON without --ranks.
+std::pair<json, std::string> ring_report(const ModelCommand& c, const HardwareProfile& hw) {
+  if (c.ranks == 0) return {json(nullptr), ""};
+  Link link;
+  if (!c.link.empty()) {
+    const auto it = std::find_if(hw.links.begin(), hw.links.end(), [&](const Link& l) { return l.name == c.link; });
+    if (it == hw.links.end()) {
+      std::string names;
+      for (const Link& l : hw.links) names += (names.empty() ? "" : ", ") + l.name;
+      if (c.link_gbs <= 0)
+        throw usage_error("--link " + quoted(c.link) + ": profile '" + hw.name + "' has no such link (it has: " +
+                          (names.empty() ? "none" : names) + "); give --link-gbs for another");
+      link.name = c.link;
+    } else {
+      link = *it;
+    }
+  } else if (!hw.links.empty()) {
+    link = hw.links.front();
+  } else {
+    link.name = "link";
+  }
+  if (c.link_gbs > 0) {
+    link.bandwidth_gbs = c.link_gbs;
+    link.source = "--link-gbs";
+  }
+  if (c.ranks > 1 && !(link.bandwidth_gbs > 0))
+    throw usage_error("--ranks: profile '" + hw.name + "' lists no link to its peers; give --link-gbs");
+  RingModel m;
+  std::string error;
+  if (!predict_ring(c.request.problem, hw, c.ranks, link, c.threads, &m, &error))
+    throw usage_error("--ranks " + std::to_string(c.ranks) + ": " + error);
+  json j = {
+      {"ranks", m.ranks},
+      {"shard_seqlen", m.shard_seqlen},
+      {"zigzag", m.zigzag},
+      {"link", {{"name", m.link.name}, {"bandwidth_gbs", m.link.bandwidth_gbs}, {"latency_us", m.link.latency_us}}},
+      {"step",
+       {{"seqlen_q", m.ring_step.seqlen_q},
+        {"seqlen_k", m.ring_step.seqlen_k},
+        {"causal", m.ring_step.causal},
+        {"block_q", m.ring_step_plan.block_q},
+        {"block_kv", m.ring_step_plan.block_kv},
+        {"kv_splits", m.ring_step_plan.kv_splits}}},
+      {"flops_per_step", m.flops_per_step},
+      {"link_bytes_per_step", m.link_bytes_per_step},
+      {"compute_s_per_step", m.compute_s_per_step},
+      {"transfer_s_per_step", m.transfer_s_per_step},
+      {"hides", m.hides},
+      {"rank_dram_bytes", m.rank_dram_bytes},
+      {"rank_time_s", m.rank_time_s},
+      {"single_device_time_s", m.single_device_time_s},
+      {"predicted_efficiency", m.predicted_efficiency},
+      {"summary", m.summary}};
+  return {std::move(j),
+          "ring            " + m.summary + "; " + human_bytes(m.rank_dram_bytes) + " off-chip per rank\n"};
+}
 
 // Parses the shared flags plus --json; returns false after printing help.
 bool parse_model_command(ModelCommand& c, int argc, char** argv, const std::string& synopsis,
@@ -76,6 +139,11 @@ bool parse_model_command(ModelCommand& c, int argc, char** argv, const std::stri
   c.args.option("--threads", "N",
                 "CPU profiles: plan for a call with num_threads = N (default: the profile's cores); one thread "
                 "runs whole heads where two or more would each get part of one, which moves different bytes");
+  c.args.option("--ranks", "N",
+                "also model ring attention over N devices of each profile (context parallelism): per-rank "
+                "off-chip bytes, K/V bytes on the link per step, and whether the transfer hides under compute");
+  c.args.option("--link", "NAME", "--ranks: the profile's link to use (default its first, the fastest)");
+  c.args.option("--link-gbs", "G", "--ranks: link bandwidth per direction in GB/s, overriding the profile's");
   c.args.option("--tune-file", "F.json",
                 "--hw host: the calibration file to apply (default: ioattn_tune_path(), see `ioattn tune`)");
   if (!c.args.parse(argc, argv)) {
@@ -89,6 +157,11 @@ bool parse_model_command(ModelCommand& c, int argc, char** argv, const std::stri
   c.request = read_problem_flags(c.args, true);
   c.json_output = c.args.has("--json");
   c.threads = int(int_option(c.args, "--threads", 0, 0, 4096));
+  c.ranks = int(int_option(c.args, "--ranks", 0, 1, 65536));
+  c.link = c.args.value("--link").value_or("");
+  c.link_gbs = double_option(c.args, "--link-gbs", 0, 1e-6, 1e9);
+  if (c.ranks == 0 && (c.args.has("--link") || c.args.has("--link-gbs")))
+    throw usage_error("--link and --link-gbs describe the ring: give --ranks too");
   return true;
 }
 
@@ -130,7 +203,10 @@ int run_plan(int argc, char** argv, std::ostream& out) {
       [&](const Plan& plan, const HardwareProfile& hw) {
         json j = plan_json(plan);
         j["problem"] = problem_json(pr);
-        return std::pair(std::move(j), "problem         " + describe(pr) + "\n" + plan_text(plan, hw) + "\n");
+        auto [ring, ring_text] = ring_report(c, hw);
+        if (!ring.is_null()) j["ring"] = std::move(ring);
+        return std::pair(std::move(j),
+                         "problem         " + describe(pr) + "\n" + plan_text(plan, hw) + ring_text + "\n");
       },
       out);
 }
@@ -154,9 +230,11 @@ int run_traffic(int argc, char** argv, std::ostream& out) {
         const TrafficReport t = predict_traffic(pr, plan, hw);
         json j = traffic_json(t);
         j["problem"] = problem_json(pr);
+        auto [ring, ring_text] = ring_report(c, hw);
+        if (!ring.is_null()) j["ring"] = std::move(ring);
         return std::pair(std::move(j), t.hardware + ": " + describe(pr) + " (block_q " + std::to_string(plan.block_q) +
                                            ", block_kv " + std::to_string(plan.block_kv) + ")\n" + traffic_text(t) +
-                                           "\n");
+                                           ring_text + "\n");
       },
       out);
 }
@@ -172,6 +250,7 @@ int run_explain(int argc, char** argv, std::ostream& out) {
                            out)) {
     return kExitOk;
   }
+  if (c.ranks > 0) throw usage_error("--ranks: the ring model is in `ioattn plan` and `ioattn traffic`");
   const Problem& pr = c.request.problem;
   return print_per_profile(
       c, false,
