@@ -59,16 +59,14 @@ bool predict_ring(const Problem& pr, const HardwareProfile& hw, int ranks, const
   const double diag_s = roofline_s(m.diagonal_step, hw, threads, &diag_bytes, nullptr);
   m.compute_s_per_step = roofline_s(m.ring_step, hw, threads, &ring_bytes, &m.ring_step_plan);
   m.flops_per_step = forward_flops(m.ring_step);
-  m.link_bytes_per_step = double(pr.batch * pr.heads_kv * m.shard_seqlen * (pr.head_dim + pr.head_dim_v) *
-                                 dtype_bytes(pr.kv_dtype));
-  m.transfer_s_per_step =
-      ranks > 1 ? m.link_bytes_per_step / (link.bandwidth_gbs * 1e9) + link.latency_us * 1e-6 : 0;
+  m.link_bytes_per_step =
+      double(pr.batch * pr.heads_kv * m.shard_seqlen * (pr.head_dim + pr.head_dim_v) * dtype_bytes(pr.kv_dtype));
+  m.transfer_s_per_step = ranks > 1 ? m.link_bytes_per_step / (link.bandwidth_gbs * 1e9) + link.latency_us * 1e-6 : 0;
   m.hides = m.compute_s_per_step >= m.transfer_s_per_step;
 
   // Each later step's partial merges into the running (O, lse): the running O and lse read and
   // written, the partial read, in fp32.
-  const double merge_bytes =
-      3.0 * double(pr.batch * m.shard_seqlen * pr.heads_q) * double(pr.head_dim_v * 4 + 4);
+  const double merge_bytes = 3.0 * double(pr.batch * m.shard_seqlen * pr.heads_q) * double(pr.head_dim_v * 4 + 4);
   const double dram_gbs = hw.dram().bandwidth_gbs;
   const double merge_s = dram_gbs > 0 ? merge_bytes / (dram_gbs * 1e9) : 0;
   const int later = ranks - 1;
@@ -85,20 +83,19 @@ bool predict_ring(const Problem& pr, const HardwareProfile& hw, int ranks, const
   m.single_device_time_s = roofline_s(pr, hw, threads, nullptr, nullptr);
   m.predicted_efficiency = m.rank_time_s > 0 ? m.single_device_time_s / (ranks * m.rank_time_s) : 0;
 
-  m.summary = std::to_string(ranks) + " ranks of " + hw.name + " over " + link.name + " (" +
-              fmt("%.4g GB/s", link.bandwidth_gbs) + " per direction), " + std::to_string(m.shard_seqlen) +
-              " rows each" + (m.zigzag ? " in the zigzag layout" : "") + ": per step " +
-              fmt("%.3g MB", m.link_bytes_per_step / 1e6) + " of K/V on the link take " +
-              fmt("%.3g ms", m.transfer_s_per_step * 1e3) + " against " +
-              fmt("%.3g ms", m.compute_s_per_step * 1e3) + " of compute, so communication " +
-              (ranks == 1 ? std::string("does not arise")
-                          : m.hides ? std::string("hides under compute")
-                                    : "does not hide (" + fmt("%.2gx", m.transfer_s_per_step / m.compute_s_per_step) +
-                                          " the compute)") +
-              "; predicted scaling efficiency " + fmt("%.0f%%", 100 * m.predicted_efficiency) +
-              (m.predicted_efficiency > 1 ? " (above 100%: a shard's K/V stays in a cache level the whole sequence's "
-                                            "does not)"
-                                          : "");
+  m.summary =
+      std::to_string(ranks) + " ranks of " + hw.name + " over " + link.name + " (" +
+      fmt("%.4g GB/s", link.bandwidth_gbs) + " per direction), " + std::to_string(m.shard_seqlen) + " rows each" +
+      (m.zigzag ? " in the zigzag layout" : "") + ": per step " + fmt("%.3g MB", m.link_bytes_per_step / 1e6) +
+      " of K/V on the link take " + fmt("%.3g ms", m.transfer_s_per_step * 1e3) + " against " +
+      fmt("%.3g ms", m.compute_s_per_step * 1e3) + " of compute, so communication " +
+      (ranks == 1 ? std::string("does not arise")
+       : m.hides  ? std::string("hides under compute")
+                  : "does not hide (" + fmt("%.2gx", m.transfer_s_per_step / m.compute_s_per_step) + " the compute)") +
+      "; predicted scaling efficiency " + fmt("%.0f%%", 100 * m.predicted_efficiency) +
+      (m.predicted_efficiency > 1 ? " (above 100%: a shard's K/V stays in a cache level the whole sequence's "
+                                    "does not)"
+                                  : "");
   *out = std::move(m);
   return true;
 }

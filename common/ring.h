@@ -27,17 +27,17 @@ struct RingModel {
   // One rank's call per step: the diagonal step (its own shard) and each of the other N - 1.
   Problem diagonal_step, ring_step;
   Plan ring_step_plan;
-  double flops_per_step = 0;           // an off-diagonal step's FLOPs on one rank
-  double link_bytes_per_step = 0;      // one K/V shard, sent (and one received) per step
-  double compute_s_per_step = 0;       // roofline time of an off-diagonal step
-  double transfer_s_per_step = 0;      // link_bytes / bandwidth + latency
-  bool hides = false;                  // compute_s_per_step >= transfer_s_per_step
-  double rank_dram_bytes = 0;          // one rank's off-chip bytes: its N calls, the K/V it sends and
-                                       // receives, and the merges
-  double rank_time_s = 0;              // N steps, each the longer of compute and transfer (none after the last)
-  double single_device_time_s = 0;     // the whole problem's roofline time on one device
-  double predicted_efficiency = 0;     // single_device_time_s / (ranks * rank_time_s)
-  std::string summary;                 // one sentence with the numbers
+  double flops_per_step = 0;        // an off-diagonal step's FLOPs on one rank
+  double link_bytes_per_step = 0;   // one K/V shard, sent (and one received) per step
+  double compute_s_per_step = 0;    // roofline time of an off-diagonal step
+  double transfer_s_per_step = 0;   // link_bytes / bandwidth + latency
+  bool hides = false;               // compute_s_per_step >= transfer_s_per_step
+  double rank_dram_bytes = 0;       // one rank's off-chip bytes: its N calls, the K/V it sends and
+                                    // receives, and the merges
+  double rank_time_s = 0;           // N steps, each the longer of compute and transfer (none after the last)
+  double single_device_time_s = 0;  // the whole problem's roofline time on one device
+  double predicted_efficiency = 0;  // single_device_time_s / (ranks * rank_time_s)
+  std::string summary;              // one sentence with the numbers
 };
 
 // The ring of `ranks` devices of profile `hw` joined by `link`. The problem's seqlen_q and
