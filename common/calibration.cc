@@ -21,16 +21,8 @@ namespace {
 
 using nlohmann::json;
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return {};
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 std::string cpu_model() {
-  std::istringstream in(read_text("/proc/cpuinfo"));
+  std::istringstream in(read_text_file("/proc/cpuinfo"));
   std::string line, part;
   while (std::getline(in, line)) {
     const size_t colon = line.find(':');
@@ -165,7 +157,7 @@ Loaded load(const std::string& path) {
   l.path = path;
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return l;  // no file: not calibrated, nothing to say
-  const std::string text = read_text(path);
+  const std::string text = read_text_file(path);
   auto c = std::make_shared<Calibration>();
   std::string error;
   if (!parse_calibration_json(text, path, c.get(), &error)) {

@@ -196,14 +196,6 @@ std::vector<HardwareProfile> parse_builtins() {
   return out;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return {};
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 // sysfs size strings: "32K", "512K", "32768K", "8M".
 int64_t parse_size(const std::string& text) {
   if (text.empty()) return 0;
@@ -274,7 +266,7 @@ HardwareProfile detect_host_uncached() {
   // sysfs reports no frequency inside many VMs; 3 GHz is a nominal server clock. 2 FMA pipes x
   // lanes x 2 FLOP per FMA is every target's peak on the cores we profile.
   hw.clock_ghz = 3.0;
-  const std::string khz = trim(read_text("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"));
+  const std::string khz = trim(read_text_file("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"));
   const int64_t max_khz = parse_size(khz);
   if (max_khz > 0) hw.clock_ghz = std::max(0.5, double(max_khz) * 1e-6);
   hw.fma_gflops_per_core = (hw.simd_bits / 32) * 2 * 2 * hw.clock_ghz;
@@ -282,15 +274,15 @@ HardwareProfile detect_host_uncached() {
   const std::string base = "/sys/devices/system/cpu/cpu0/cache/index";
   for (int i = 0; i < 8; ++i) {
     const std::string dir = base + std::to_string(i) + "/";
-    const std::string type = trim(read_text(dir + "type"));
+    const std::string type = trim(read_text_file(dir + "type"));
     if (type.empty()) break;
     if (type == "Instruction") continue;
     MemoryLevel l;
-    const std::string level = trim(read_text(dir + "level"));
+    const std::string level = trim(read_text_file(dir + "level"));
     l.name = "L" + level + (type == "Data" ? "d" : "");
-    l.size_bytes = parse_size(trim(read_text(dir + "size")));
-    l.shared_by = count_cpu_list(trim(read_text(dir + "shared_cpu_list")));
-    const int64_t line = parse_size(trim(read_text(dir + "coherency_line_size")));
+    l.size_bytes = parse_size(trim(read_text_file(dir + "size")));
+    l.shared_by = count_cpu_list(trim(read_text_file(dir + "shared_cpu_list")));
+    const int64_t line = parse_size(trim(read_text_file(dir + "coherency_line_size")));
     if (line > 0) l.line_bytes = int(line);
     l.source = "sysfs " + dir;
     if (l.size_bytes > 0) hw.levels.push_back(l);
@@ -325,6 +317,14 @@ HardwareProfile detect_host_uncached() {
 }
 
 }  // namespace
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return {};
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
 
 const MemoryLevel* HardwareProfile::level(const std::string& level_name) const {
   for (const MemoryLevel& l : levels) {

@@ -100,6 +100,9 @@ std::string profile_to_json(const HardwareProfile& hw);
 // text in messages (a file name, "built-in").
 bool parse_profile_json(const std::string& text, const std::string& origin, HardwareProfile* out, std::string* error);
 
+// A whole text file (sysfs, /proc, JSON); empty when it cannot be read.
+std::string read_text_file(const std::string& path);
+
 // Worker count the library uses when the caller passes 0: IOATTN_NUM_THREADS, else all cores.
 int default_threads();
 

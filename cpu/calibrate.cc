@@ -219,6 +219,30 @@ Candidate decode_candidate(const HardwareProfile& host, const Problem& pr, int t
   return c;
 }
 
+// One problem class: its tuning call and the candidates timed on it.
+struct Group {
+  AttnParams p;
+  std::vector<Candidate> cands;
+};
+
+// Fills the group's inputs, times its candidates and chooses among them (Tuner::choose).
+Status run_group(Tuner& t, Group& g, int reps, size_t* chosen) {
+  AttnParams p = g.p;
+  const int64_t nq = p.batch * p.seqlen_q * p.heads_q * p.head_dim;
+  const int64_t nkv = p.batch * p.seqlen_k * p.heads_kv * p.head_dim;
+  Buffer q, k, v, o;
+  if (Status s = fill(&q, nq, p.io_dtype, 1); !s.is_ok()) return s;
+  if (Status s = fill(&k, nkv, p.kv_dtype, 2); !s.is_ok()) return s;
+  if (Status s = fill(&v, nkv, p.kv_dtype, 3); !s.is_ok()) return s;
+  if (Status s = fill(&o, nq, p.io_dtype, 4); !s.is_ok()) return s;
+  p.q = q.data.get();
+  p.k = k.data.get();
+  p.v = v.data.get();
+  p.out = o.data.get();
+  if (Status s = t.time_rounds(p, g.cands, reps); !s.is_ok()) return s;
+  return t.choose(p, g.cands, reps, chosen);
+}
+
 }  // namespace
 
 Status calibrate(const TuneRequest& req, Calibration* out) {
@@ -227,13 +251,9 @@ Status calibrate(const TuneRequest& req, Calibration* out) {
   const HardwareProfile host = detect_host();  // no calibration: candidates are relative to the cache-derived plan
 
   // Candidates first (to count them for the progress report), then the timings.
-  struct PrefillGroup {
-    AttnParams p;
-    std::vector<Candidate> cands;
-  };
-  std::vector<PrefillGroup> prefill;
+  std::vector<Group> prefill;
   for (int64_t d : {int64_t(64), int64_t(128)}) {
-    PrefillGroup g{prefill_params(z.prefill_heads, z.prefill_seqlen, d, threads), {}};
+    Group g{prefill_params(z.prefill_heads, z.prefill_seqlen, d, threads), {}};
     const Problem pr = problem_of(g.p);
     g.cands.push_back(prefill_candidate(host, pr, threads, 1, 1));
     for (double fq : kFactors)
@@ -246,16 +266,12 @@ Status calibrate(const TuneRequest& req, Calibration* out) {
       }
     prefill.push_back(std::move(g));
   }
-  struct DecodeGroup {
-    AttnParams p;
-    std::vector<Candidate> cands;
-  };
-  std::vector<DecodeGroup> decode;
+  std::vector<Group> decode;
   for (DType kv : {DType::f16, DType::bf16, DType::f32}) {
     const int64_t key_bytes = kDecodeHeadsKv * 2 * kDecodeHeadDim * dtype_bytes(kv);
     const int64_t seqlen_k =
         std::max<int64_t>(cpu_decode_min_split_keys, z.decode_cache_bytes / key_bytes / z.decode_batch);
-    DecodeGroup g{decode_params(z.decode_batch, seqlen_k, kv, threads), {}};
+    Group g{decode_params(z.decode_batch, seqlen_k, kv, threads), {}};
     const Problem pr = problem_of(g.p);
     g.cands.push_back(decode_candidate(host, pr, threads, cpu_decode_default_prefetch_blocks, 1));
     const bool splits = g.cands[0].plan.kv_splits > 1;
@@ -268,8 +284,8 @@ Status calibrate(const TuneRequest& req, Calibration* out) {
 
   Tuner t(req);
   // Each group's rounds, and the two-candidate confirmation that may follow them.
-  for (const PrefillGroup& g : prefill) t.add_total(int64_t(g.cands.size() + 2) * (z.prefill_reps + 1));
-  for (const DecodeGroup& g : decode) t.add_total(int64_t(g.cands.size() + 2) * (z.decode_reps + 1));
+  for (const Group& g : prefill) t.add_total(int64_t(g.cands.size() + 2) * (z.prefill_reps + 1));
+  for (const Group& g : decode) t.add_total(int64_t(g.cands.size() + 2) * (z.decode_reps + 1));
 
   Calibration cal;
   cal.key = host_machine_key();
@@ -282,20 +298,9 @@ Status calibrate(const TuneRequest& req, Calibration* out) {
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &utc);
   cal.created = when;
 
-  for (PrefillGroup& g : prefill) {
-    Buffer q, k, v, o;
-    const int64_t n = g.p.batch * g.p.seqlen_q * g.p.heads_q * g.p.head_dim;
-    if (Status s = fill(&q, n, DType::f32, 1); !s.is_ok()) return s;
-    if (Status s = fill(&k, n, DType::f32, 2); !s.is_ok()) return s;
-    if (Status s = fill(&v, n, DType::f32, 3); !s.is_ok()) return s;
-    if (Status s = fill(&o, n, DType::f32, 4); !s.is_ok()) return s;
-    g.p.q = q.data.get();
-    g.p.k = k.data.get();
-    g.p.v = v.data.get();
-    g.p.out = o.data.get();
-    if (Status s = t.time_rounds(g.p, g.cands, z.prefill_reps); !s.is_ok()) return s;
+  for (Group& g : prefill) {
     size_t chosen = 0;
-    if (Status s = t.choose(g.p, g.cands, z.prefill_reps, &chosen); !s.is_ok()) return s;
+    if (Status s = run_group(t, g, z.prefill_reps, &chosen); !s.is_ok()) return s;
     const Candidate& base = g.cands[0];
     const Candidate& best = g.cands[chosen];
     PrefillCalibration e;
@@ -311,21 +316,9 @@ Status calibrate(const TuneRequest& req, Calibration* out) {
     cal.prefill.push_back(e);
   }
 
-  for (DecodeGroup& g : decode) {
-    Buffer q, k, v, o;
-    const int64_t nq = g.p.batch * g.p.heads_q * g.p.head_dim;
-    const int64_t nkv = g.p.batch * g.p.seqlen_k * g.p.heads_kv * g.p.head_dim;
-    if (Status s = fill(&q, nq, DType::f32, 5); !s.is_ok()) return s;
-    if (Status s = fill(&k, nkv, g.p.kv_dtype, 6); !s.is_ok()) return s;
-    if (Status s = fill(&v, nkv, g.p.kv_dtype, 7); !s.is_ok()) return s;
-    if (Status s = fill(&o, nq, DType::f32, 8); !s.is_ok()) return s;
-    g.p.q = q.data.get();
-    g.p.k = k.data.get();
-    g.p.v = v.data.get();
-    g.p.out = o.data.get();
-    if (Status s = t.time_rounds(g.p, g.cands, z.decode_reps); !s.is_ok()) return s;
+  for (Group& g : decode) {
     size_t chosen = 0;
-    if (Status s = t.choose(g.p, g.cands, z.decode_reps, &chosen); !s.is_ok()) return s;
+    if (Status s = run_group(t, g, z.decode_reps, &chosen); !s.is_ok()) return s;
     const Candidate& base = g.cands[0];
     const Candidate& best = g.cands[chosen];
     DecodeCalibration e;
@@ -334,7 +327,7 @@ Status calibrate(const TuneRequest& req, Calibration* out) {
     e.split_factor = std::max(1, best.plan.kv_splits / std::max(1, base.plan.kv_splits));
     e.planned_ms = base.median();
     e.best_ms = e.planned_ms * (&best == &base ? 1.0 : median_of(ratios(best, base)));
-    const double bytes = double(2 * nkv * dtype_bytes(g.p.kv_dtype));
+    const double bytes = double(2 * g.p.batch * g.p.seqlen_k * g.p.heads_kv * g.p.head_dim) * dtype_bytes(g.p.kv_dtype);
     e.planned_gbs = bytes / (e.planned_ms * 1e6);
     e.best_gbs = bytes / (e.best_ms * 1e6);
     cal.decode.push_back(e);
