@@ -190,6 +190,7 @@ def summarize(world, ranks, cores, t1):
         "ring_alone_s": max(r["ring_alone"] for r in ranks),
         "step_compute_s": max(max(r["steps_compute"][1:], default=0.0) for r in ranks),
         "efficiency": (t1 / (min(world, cores) * wall)) if t1 else 1.0,
+        "per_rank": [{k: r[k] for k in ("wall", "compute", "wait", "steps_compute")} for r in ranks],
     }
     if world > 1:
         one_way = ranks[0]["one_way"]
