@@ -283,6 +283,8 @@ def ring_attention(
         for r in requests:
             r.wait()
         t3 = time.perf_counter()
+        # Host times: on CUDA they are launch times, not the kernels' (bench/python/ring_scaling.py
+        # reads them on the CPU).
         if _trace is not None:
             _trace.append(
                 {"step": step, "source": source, "calls": len(calls), "post_s": t1 - t0, "compute_s": t2 - t1,

@@ -27,6 +27,8 @@ CASES = {
     "f32-softcap-scale": (1, 64, 4, 4, 32, 32, torch.float32, {"causal": True, "softcap": 5.0, "scale": 0.3}),
     "bf16-causal-zigzag-gqa": (2, 96, 8, 2, 64, 64, torch.bfloat16, {"causal": True, "zigzag": True}),
     "bf16": (1, 64, 4, 2, 64, 64, torch.bfloat16, {}),
+    "f16-causal-window-zigzag": (1, 64, 4, 2, 32, 32, torch.float16,
+                                 {"causal": True, "window": (20, -1), "zigzag": True}),
 }
 
 

@@ -249,7 +249,8 @@ def _gathered(ranks, name, zigzag):
 
 
 def _as_numpy(x):
-    return x.float().numpy()
+    """numpy has float16 but no bfloat16: bf16 values go as the float32 values they are."""
+    return x.numpy() if x.dtype in (torch.float32, torch.float16) else x.float().numpy()
 
 
 def _bf16_rounding():
