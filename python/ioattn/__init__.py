@@ -29,6 +29,7 @@ __all__ = [
     "attention",
     "attention_varlen",
     "attention_kvcache",
+    "merge_partials",
     "plan",
     "traffic",
     "explain",
@@ -214,6 +215,28 @@ def attention_kvcache(
         scale=scale,
     )
     return (out, lse) if return_lse else out
+
+
+def merge_partials(out_a, lse_a, out_b, lse_b):
+    """(out, lse) of attention over the union of two disjoint key sets from each set's (out, lse).
+
+    out (B, S, H, Dv), lse float32 (B, H, S): what attention(..., return_lse=True) returns. The
+    rule is common/online_softmax.h's merge: weights exp(lse - max) in float32, a side with
+    lse = -inf contributes nothing, both -inf give out = 0 and lse = -inf, NaN propagates.
+    torch tensors (any device) merge with torch operations and return out in the promoted dtype of
+    out_a and out_b; numpy arrays (float32) merge in the C++ header's own code.
+    """
+    if _core.is_torch(out_a):
+        return _ops().merge_partials(out_a, lse_a, out_b, lse_b)
+    arrays = (out_a, lse_a, out_b, lse_b)
+    for name, x, rank in zip(("out_a", "lse_a", "out_b", "lse_b"), arrays, (4, 3, 4, 3)):
+        _numpy(x, name, rank)
+        if x.dtype != _np.float32:
+            raise ValueError(f"{name}: dtype {x.dtype}; numpy partials are merged in float32 and must be float32")
+    out = _np.empty(out_a.shape, dtype=_np.float32)
+    lse = _np.empty(lse_a.shape, dtype=_np.float32)
+    _ext.merge_partials(out_a, lse_a, out_b, lse_b, out, lse)
+    return out, lse
 
 
 # ---- the model commands: plan, traffic, explain, hw ----

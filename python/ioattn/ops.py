@@ -36,7 +36,7 @@ from torch import Tensor
 
 from . import _core
 
-__all__ = ["attention", "attention_varlen", "attention_kvcache"]
+__all__ = ["attention", "attention_varlen", "attention_kvcache", "merge_partials"]
 
 # Inductor keeps the eager strides of the inputs of an op with this tag: the library takes any
 # (B, S, H) strides but needs the head dim contiguous, and must not see a layout it rejects
@@ -301,3 +301,74 @@ def attention_kvcache(
         bool(causal), wl, wr, float(softcap), _scale(scale), bool(return_lse),
     )
     return (out, lse) if return_lse else out
+
+
+# --------------------------------------------------------------------------------------------
+# Merging partial results (common/online_softmax.h's merge, on normalized outputs)
+# --------------------------------------------------------------------------------------------
+#
+# A partial (out, lse) over a key set is the header's state (m = lse, l = 1, O = out) when it saw
+# a key, and (m = -inf, l = 0, O = out = 0) when it saw none; merge() then gives the weights, and
+# the output is (w_a O_a + w_b O_b) * output_scale(l), lse = row_lse(m, l). Each step below is
+# one IEEE operation in the header's order, so the only difference from the C++ rule
+# (ioattn._ext.merge_partials, the numpy path of ioattn.merge_partials) is the rounding of exp
+# and log by torch's vectorized math against libm's.
+
+
+def _merge_weights(lse_a: Tensor, lse_b: Tensor):
+    """(weight_a, weight_b, lse) of merge(); weights already divided by l, (B, H, S) like lse."""
+    neg_inf = float("-inf")
+    m = torch.maximum(lse_a, lse_b)  # propagates NaN, as the header's m_a + m_b does
+    ref = torch.where(m == neg_inf, 0.0, m)  # max_for_exp
+    w_a = torch.where(lse_a == neg_inf, 0.0, torch.exp(lse_a - ref))
+    w_b = torch.where(lse_b == neg_inf, 0.0, torch.exp(lse_b - ref))
+    l = w_a + w_b  # l_a w_a + l_b w_b with l in {0, 1}: the products are exact
+    lse = torch.where(l == 0, neg_inf, m + torch.log(l))
+    scale = torch.where(l == 0, 0.0, torch.reciprocal(l))  # output_scale
+    return w_a, w_b, scale, lse
+
+
+def _row_factor(w: Tensor) -> Tensor:
+    """(B, H, S) row weights as a (B, S, H, 1) factor of out."""
+    return w.transpose(1, 2).unsqueeze(-1)
+
+
+def _merge_into(acc: Tensor, acc_lse: Tensor, out: Tensor, lse: Tensor) -> None:
+    """merge_partials into (acc, acc_lse) in place; acc float32 (B, S, H, Dv), views allowed."""
+    w_a, w_b, scale, merged_lse = _merge_weights(acc_lse, lse)
+    acc.mul_(_row_factor(w_a)).add_(out.to(acc.dtype) * _row_factor(w_b)).mul_(_row_factor(scale))
+    acc_lse.copy_(merged_lse)
+
+
+def _check_partials(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> None:
+    for name, x, rank in (("out_a", out_a, 4), ("lse_a", lse_a, 3), ("out_b", out_b, 4), ("lse_b", lse_b, 3)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"merge_partials: {name} must be a torch tensor, got {type(x).__name__}")
+        if x.dim() != rank:
+            raise ValueError(f"merge_partials: {name} must be {rank}-D, got shape {tuple(x.shape)}")
+    if out_a.shape != out_b.shape:
+        raise ValueError(f"merge_partials: out_a {tuple(out_a.shape)} and out_b {tuple(out_b.shape)} differ")
+    B, S, H, _ = out_a.shape
+    for name, x in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if tuple(x.shape) != (B, H, S):
+            raise ValueError(f"merge_partials: {name} must be (B, H, S) = {(B, H, S)}, got {tuple(x.shape)}")
+        if x.dtype != torch.float32:
+            raise ValueError(f"merge_partials: {name} must be float32, got {x.dtype}")
+    devices = {x.device for x in (out_a, lse_a, out_b, lse_b)}
+    if len(devices) != 1:
+        raise ValueError(f"merge_partials: the tensors are on several devices: {sorted(map(str, devices))}")
+
+
+def merge_partials(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor):
+    """(out, lse) of attention over the union of two disjoint key sets, from each set's (out, lse).
+
+    out (B, S, H, Dv) in any floating dtype, lse float32 (B, H, S), on any one device. The merge
+    runs in float32 with common/online_softmax.h's rule: a side with lse = -inf saw no key and
+    contributes nothing, both -inf give out = 0 and lse = -inf, NaN propagates. out comes back in
+    the promoted dtype of out_a and out_b, lse in float32.
+    """
+    _check_partials(out_a, lse_a, out_b, lse_b)
+    acc = out_a.to(torch.float32, copy=True)
+    acc_lse = lse_a.clone()
+    _merge_into(acc, acc_lse, out_b, lse_b)
+    return acc.to(torch.promote_types(out_a.dtype, out_b.dtype)), acc_lse

@@ -11,10 +11,12 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "common/online_softmax.h"
 #include "ioattn/ioattn.h"
 #include "tools/cli.h"
 
@@ -324,6 +326,48 @@ void forward_kvcache(const In& q, const Out& k_cache, const Out& v_cache, const 
   check(s);
 }
 
+// The header's merge() on normalized partials, row by row: a partial with lse = -inf is the state
+// (m = -inf, l = 0), any other (m = lse, l = 1, O = out). The Python wrapper allocates out and lse.
+using Rows4 = nb::ndarray<const float, nb::ndim<4>, nb::device::cpu>;
+using Rows3 = nb::ndarray<const float, nb::ndim<3>, nb::device::cpu>;
+using MergedOut = nb::ndarray<float, nb::ndim<4>, nb::device::cpu>;
+using MergedLse = nb::ndarray<float, nb::ndim<3>, nb::device::cpu>;
+
+void merge_partials(const Rows4& out_a, const Rows3& lse_a, const Rows4& out_b, const Rows3& lse_b,
+                    const MergedOut& out, const MergedLse& lse) {
+  const size_t B = out_a.shape(0), S = out_a.shape(1), H = out_a.shape(2), D = out_a.shape(3);
+  const auto same4 = [&](size_t b, size_t s, size_t h, size_t d) { return b == B && s == S && h == H && d == D; };
+  if (!same4(out_b.shape(0), out_b.shape(1), out_b.shape(2), out_b.shape(3)) ||
+      !same4(out.shape(0), out.shape(1), out.shape(2), out.shape(3)))
+    value_error("merge_partials: out_a " + shape_text(out_a) + ", out_b " + shape_text(out_b) + " and out " +
+                shape_text(out) + " must have one shape (B, S, H, D)");
+  const auto check_rows = [&](const char* name, size_t b, size_t h, size_t s, const std::string& shape) {
+    if (b != B || h != H || s != S)
+      value_error(std::string("merge_partials: ") + name + " " + shape +
+                  " must be (B, H, S) = " + shape_text(std::vector<int64_t>{int64_t(B), int64_t(H), int64_t(S)}));
+  };
+  check_rows("lse_a", lse_a.shape(0), lse_a.shape(1), lse_a.shape(2), shape_text(lse_a));
+  check_rows("lse_b", lse_b.shape(0), lse_b.shape(1), lse_b.shape(2), shape_text(lse_b));
+  check_rows("lse", lse.shape(0), lse.shape(1), lse.shape(2), shape_text(lse));
+  const auto oa = out_a.view(), ob = out_b.view();
+  const auto la = lse_a.view(), lb = lse_b.view();
+  auto o = out.view();
+  auto l = lse.view();
+  nb::gil_scoped_release release;
+  for (size_t b = 0; b < B; ++b)
+    for (size_t h = 0; h < H; ++h)
+      for (size_t s = 0; s < S; ++s) {
+        const float m_a = la(b, h, s), m_b = lb(b, h, s);
+        const float l_a = m_a == -INFINITY ? 0.f : 1.f, l_b = m_b == -INFINITY ? 0.f : 1.f;
+        const ioattn::softmax::MergeWeights w =
+            ioattn::softmax::merge(m_a, l_a, m_b, l_b, [](float x) { return std::exp(x); });
+        const float scale = ioattn::softmax::output_scale(w.l);
+        for (size_t d = 0; d < D; ++d)
+          o(b, s, h, d) = (w.weight_a * oa(b, s, h, d) + w.weight_b * ob(b, s, h, d)) * scale;
+        l(b, h, s) = ioattn::softmax::row_lse(w.m, w.l, ioattn::softmax::Domain::natural);
+      }
+}
+
 std::string model_json(const std::string& command, const std::vector<std::string>& args) {
   using namespace ioattn::cli;
   std::string text, message;
@@ -364,6 +408,9 @@ NB_MODULE(_ext, m) {
         nb::arg("out"), nb::arg("lse").none(), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
         nb::arg("softcap"), nb::arg("scale"), nb::arg("backend"), nb::arg("num_threads"), nb::arg("stream"),
         "ioattn_forward_kvcache: append k_new/v_new at cache_seqlens, then attend; lse None or (B, Hq, Sq).");
+  m.def("merge_partials", &merge_partials, nb::arg("out_a"), nb::arg("lse_a"), nb::arg("out_b"), nb::arg("lse_b"),
+        nb::arg("out"), nb::arg("lse"),
+        "common/online_softmax.h's merge of two float32 (out (B, S, H, D), lse (B, H, S)) partials into out, lse.");
   m.def("model_json", &model_json, nb::arg("command"), nb::arg("args"),
         "`ioattn <command> <args> --json` (plan, traffic, explain, hw): the JSON text.");
   m.def("version", [] { return std::string(ioattn_version()); });
