@@ -34,6 +34,8 @@ __all__ = [
     "traffic",
     "explain",
     "hw",
+    "tune",
+    "tune_path",
     "__version__",
 ]
 
@@ -257,6 +259,10 @@ _PROBLEM_KEYWORDS = (
     "hw",
     "hw_file",
     "threads",
+    "ranks",
+    "link",
+    "link_gbs",
+    "tune_file",
 )
 
 
@@ -322,3 +328,18 @@ def explain(**kw):
 def hw(**kw):
     """`ioattn hw --json`: {host, gpu, profiles}; takes no arguments."""
     return _model("hw", kw, ())
+
+
+def tune(*, path=None, threads=0, quick=False):
+    """`ioattn tune`: times plan candidates on this machine and writes the calibration file that
+    every later CPU call here applies (docs/api.md, "Calibration"). Returns the file's JSON as a
+    dict. path: None for tune_path(); threads: 0 for the library default; quick: tiny problems,
+    a smoke test rather than a calibration to keep."""
+    written = _ext.tune(None if path is None else _os.fspath(path), int(threads), bool(quick))
+    with open(written, encoding="utf-8") as f:
+        return _json.load(f)
+
+
+def tune_path():
+    """The calibration file this process reads ("" when IOATTN_TUNE_FILE turns calibration off)."""
+    return _ext.tune_path()

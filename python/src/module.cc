@@ -8,11 +8,13 @@
 // takes as raw pointers) run before the call too.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -390,6 +392,23 @@ std::string model_json(const std::string& command, const std::vector<std::string
   return text;
 }
 
+// ioattn_tune with the GIL released (the run takes seconds); returns the path written.
+std::string tune(std::optional<std::string> path, int threads, bool quick) {
+  const std::string target = path ? *path : std::string(ioattn_tune_path());
+  ioattn_tune_options opt;
+  ioattn_tune_options_default(&opt);
+  opt.path = path ? path->c_str() : nullptr;
+  opt.num_threads = threads;
+  opt.quick = quick ? 1 : 0;
+  ioattn_status s;
+  {
+    nb::gil_scoped_release release;
+    s = ioattn_tune(&opt);
+  }
+  check(s);
+  return target;
+}
+
 }  // namespace
 
 NB_MODULE(_ext, m) {
@@ -413,6 +432,9 @@ NB_MODULE(_ext, m) {
         "common/online_softmax.h's merge of two float32 (out (B, S, H, D), lse (B, H, S)) partials into out, lse.");
   m.def("model_json", &model_json, nb::arg("command"), nb::arg("args"),
         "`ioattn <command> <args> --json` (plan, traffic, explain, hw): the JSON text.");
+  m.def("tune", &tune, nb::arg("path").none(), nb::arg("threads"), nb::arg("quick"),
+        "ioattn_tune: calibrate the CPU plans on this machine; returns the file written");
+  m.def("tune_path", [] { return std::string(ioattn_tune_path()); });
   m.def("version", [] { return std::string(ioattn_version()); });
   m.def(
       "backend_available", [](int32_t backend) { return ioattn_backend_available(backend) != 0; }, nb::arg("backend"));

@@ -431,3 +431,29 @@ def test_model_command_errors():
         _ext.model_json("plan", ["--bogus"])
     with pytest.raises(ValueError, match="unknown command"):
         _ext.model_json("run", [])
+
+
+def test_tune_writes_a_calibration_plan_applies(tmp_path):
+    path = tmp_path / "sub" / "tune.json"
+    doc = ioattn.tune(path=path, threads=2, quick=True)
+    assert doc["name"] == "host"
+    assert doc["calibration"]["threads"] == 2
+    assert {e["head_dim"] for e in doc["calibration"]["prefill"]} == {64, 128}
+    assert {e["kv_dtype"] for e in doc["calibration"]["decode"]} == {"f16", "bf16", "f32"}
+    p = ioattn.plan(tune_file=str(path), heads=4, seqlen_q=512)
+    assert p["calibrated"] is True and str(path) in p["calibration"]
+    # The plan command's --tune-file lasts one call: the process's own path is back afterwards.
+    assert ioattn.tune_path() != str(path)
+    with pytest.raises(ValueError, match="opt.num_threads=-1"):
+        ioattn.tune(path=path, threads=-1, quick=True)
+
+
+def test_ring_model_through_plan():
+    r = ioattn.plan(hw="h100-sxm", dtype="bf16", seqlen_q=131072, head_dim=128, ranks=8)["ring"]
+    assert r["ranks"] == 8 and r["shard_seqlen"] == 16384 and r["hides"] is True
+    with pytest.raises(ValueError, match="--ranks 3"):
+        ioattn.plan(hw="zen3", seqlen_q=1000, ranks=3)
+    # The detected host knows no link to its peers: the bandwidth has to be given.
+    with pytest.raises(ValueError, match="--link-gbs"):
+        ioattn.plan(seqlen_q=1024, ranks=2)
+    assert ioattn.plan(seqlen_q=1024, ranks=2, link_gbs=10)["ring"]["link"]["bandwidth_gbs"] == 10
