@@ -362,10 +362,12 @@ bool write_calibration_file(const std::string& path, const HardwareProfile& host
 }
 
 std::shared_ptr<const Calibration> host_calibration(std::string* note) {
-  const std::string path = calibration_path();
+  // Kept until set_calibration_path or a tuning run resets it: a kernel call pays one lock.
   std::lock_guard<std::mutex> lock(g_loaded_mutex);
-  if (!g_loaded || g_loaded->path != path)
+  if (!g_loaded) {
+    const std::string path = calibration_path();
     g_loaded = std::make_shared<const Loaded>(path.empty() ? Loaded{} : load(path));
+  }
   if (note) *note = g_loaded->note;
   return g_loaded->calibration;
 }

@@ -382,17 +382,31 @@ HardwareProfile calibrated_host() {
 
 }  // namespace
 
-HardwareProfile planning_host() {
+std::shared_ptr<const HardwareProfile> planning_host_shared() {
   static std::once_flag once;
   static bool detected = false;
-  static HardwareProfile planned;
+  static std::shared_ptr<const HardwareProfile> planned;
   std::call_once(once, [] {
     const char* env = std::getenv("IOATTN_HW_PROFILE");
-    planned = planning_profile(env ? env : "");
+    planned = std::make_shared<const HardwareProfile>(planning_profile(env ? env : ""));
     detected = !env || !env[0];
   });
-  return detected ? calibrated_host() : planned;
+  if (!detected) return planned;
+  static std::mutex mutex;
+  static std::shared_ptr<const HardwareProfile> cached;
+  std::string note;
+  std::shared_ptr<const Calibration> calibration = host_calibration(&note);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!cached || cached->calibration != calibration || cached->calibration_note != note) {
+    auto host = std::make_shared<HardwareProfile>(detect_host());
+    host->calibration = std::move(calibration);
+    host->calibration_note = std::move(note);
+    cached = std::move(host);
+  }
+  return cached;
 }
+
+HardwareProfile planning_host() { return *planning_host_shared(); }
 
 bool find_profile(const std::string& name, HardwareProfile* out, std::string* error) {
   if (name == "host") {

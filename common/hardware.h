@@ -77,6 +77,9 @@ HardwareProfile detect_host();
 // IOATTN_HW_PROFILE (read once, at the first call). Lets a cache simulator's run plan for the
 // hierarchy it simulates (docs/api.md).
 HardwareProfile planning_host();
+// The same profile, shared rather than copied (a kernel call plans with it): rebuilt only when
+// the calibration in effect changes.
+std::shared_ptr<const HardwareProfile> planning_host_shared();
 
 // The CPU profile `value` names: a built-in profile, else a JSON profile file; the detected host
 // for an empty value, and for one that names neither, with the value quoted in its description.

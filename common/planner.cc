@@ -31,6 +31,7 @@ static_assert(gpu_table_fits(), "a gpu_tile() entry needs more than 227 KiB of s
 // Dv / (2 * 128 * (D + Dv)) = 1/512 of the block's FLOPs, and a longer key block would only
 // take cache from block_q, whose size divides the K/V re-reads.
 constexpr int64_t kKvBlockTarget = 128;
+static_assert(kKvBlockTarget == 128, "plan_cpu's rationale names the 128-key block");
 // When the query rows are exhausted, leftover cache goes to longer key blocks, up to 1024 keys:
 // beyond that the rescale is already negligible and a longer block only delays the first exp.
 constexpr int64_t kKvBlockMax = 1024;
@@ -119,6 +120,7 @@ std::string factor(double f) {
 struct CpuPlanFrame {
   int64_t group, row_step, key_step, rows_cap, keys_cap, cores, dvp;
   int threads;
+  PlanText text;
 };
 
 int64_t nearest_multiple(double x, int64_t step, int64_t cap) {
@@ -139,13 +141,14 @@ void calibrate_prefill(Plan& plan, const Problem& pr, const PrefillCalibration& 
   const int64_t tasks = cpu_tasks(pr, tuned);
   tuned.kv_splits = split_keys(tasks, f.cores, pr.seqlen_k, most_block_splits(pr.seqlen_k, tuned.block_kv));
   set_cpu_workers(tuned, tasks, f.threads);
-  tuned.calibration = "calibrated (" + file + "): block_q " + factor(e.block_q_factor) + ", block_kv " +
-                      factor(e.block_kv_factor) + " of the cache-derived " + std::to_string(plan.block_q) + "x" +
-                      std::to_string(plan.block_kv) + " gives " + std::to_string(tuned.block_q) + "x" +
-                      std::to_string(tuned.block_kv) + "; at D=" + std::to_string(e.head_dim) + " (" +
-                      std::to_string(e.planned_block_q) + "x" + std::to_string(e.planned_block_kv) +
-                      " planned) the tuning run measured " + times(e.planned_ms, e.best_ms);
   tuned.calibrated = true;
+  if (f.text == PlanText::full)
+    tuned.calibration = "calibrated (" + file + "): block_q " + factor(e.block_q_factor) + ", block_kv " +
+                        factor(e.block_kv_factor) + " of the cache-derived " + std::to_string(plan.block_q) + "x" +
+                        std::to_string(plan.block_kv) + " gives " + std::to_string(tuned.block_q) + "x" +
+                        std::to_string(tuned.block_kv) + "; at D=" + std::to_string(e.head_dim) + " (" +
+                        std::to_string(e.planned_block_q) + "x" + std::to_string(e.planned_block_kv) +
+                        " planned) the tuning run measured " + times(e.planned_ms, e.best_ms);
   plan = std::move(tuned);
 }
 
@@ -159,6 +162,7 @@ void calibrate_decode(Plan& plan, const Problem& pr, const DecodeCalibration& e,
                                            std::max<int64_t>(1, pr.seqlen_k / cpu_decode_min_split_keys)));
     set_cpu_workers(plan, cpu_tasks(pr, plan), f.threads);
   }
+  if (f.text == PlanText::none) return;
   char gbs[64];
   std::snprintf(gbs, sizeof gbs, " (%.1f GB/s against %.1f)", e.best_gbs, e.planned_gbs);
   plan.calibration = "calibrated (" + file + "): decode prefetch " + std::to_string(e.prefetch_blocks) +
@@ -168,7 +172,7 @@ void calibrate_decode(Plan& plan, const Problem& pr, const DecodeCalibration& e,
 
 }  // namespace
 
-Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
+Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads, PlanText text) {
   Plan plan;
   plan.backend = BackendKind::cpu;
   plan.hardware = hw.name;
@@ -214,13 +218,14 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
   };
   int64_t bkv = std::min(keys_cap, std::max(rc, kKvBlockTarget / rc * rc));
   int64_t bq;
-  std::string why;
+  // Why these blocks, as literals: the text is assembled only for reports (PlanText::full).
+  const char* why;
+  bool grew = false;
   if (max_bq(bkv) < rr) {
     // Not even one register-tile of rows fits next to a full key block: shorten the key block.
     bq = rr;
     bkv = std::max(rc, std::min(bkv, max_bkv(bq)));
-    why = "the cache is too small for a " + std::to_string(kKvBlockTarget) +
-          "-key block at this head dim, so block_kv shrinks";
+    why = "the cache is too small for a 128-key block at this head dim, so block_kv shrinks";
   } else {
     bq = std::min(q_limit, max_bq(bkv));
     why = bq == q_limit ? (q_limit < rows_cap ? "block_q is capped so that every core gets a query block"
@@ -238,7 +243,7 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
       const int64_t grown = std::min({keys_cap, grow_limit, max_bkv(bq)});
       if (grown > bkv) {
         bkv = grown;
-        why += ", and the leftover cache lengthens block_kv";
+        grew = true;
       }
     }
   }
@@ -254,6 +259,17 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
                               decode ? pr.seqlen_k / cpu_decode_min_split_keys : most_block_splits(pr.seqlen_k, bkv));
   set_cpu_workers(plan, tasks, threads > 0 ? threads : cores);
 
+  if (hw.calibration) {
+    const CpuPlanFrame frame{group, rr, rc, rows_cap, keys_cap, cores, dvp, threads > 0 ? threads : cores, text};
+    if (!decode) {
+      if (const PrefillCalibration* e = hw.calibration->prefill_for(pr.head_dim))
+        calibrate_prefill(plan, pr, *e, frame, hw.calibration->file);
+    } else if (const DecodeCalibration* e = hw.calibration->decode_for(pr.kv_dtype)) {
+      calibrate_decode(plan, pr, *e, frame, hw.calibration->file);
+    }
+  }
+  if (text == PlanText::none) return plan;
+  if (!plan.calibrated) plan.calibration = hw.calibration_note;
   // Decode mode never runs the packed blocks sized above (they serve calls with more query rows
   // per kv head); the plan keeps them and says what decode streams instead.
   const int64_t decode_block_bytes =
@@ -269,21 +285,12 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads) {
                    std::to_string(dp) + ", K/V " + std::to_string(bkv) + " keys, scores " + std::to_string(bq) + "x" +
                    std::to_string(bkv) + ", fp32) fits " + std::to_string(int(kCpuCacheFill * 100)) + "% of the " +
                    kib(plan.target_level_bytes) + " per-core " + plan.target_level + "; " + why +
+                   (grew ? ", and the leftover cache lengthens block_kv" : "") +
                    (plan.kv_splits > 1 ? "; the key axis splits " + std::to_string(plan.kv_splits) + " ways so all " +
                                              std::to_string(cores) + " cores have work"
                                        : "");
   if (plan.working_set_bytes > plan.target_level_bytes) {
     plan.rationale += "; even the smallest tile overflows " + plan.target_level + " on this profile";
-  }
-  plan.calibration = hw.calibration_note;
-  if (hw.calibration) {
-    const CpuPlanFrame frame{group, rr, rc, rows_cap, keys_cap, cores, dvp, threads > 0 ? threads : cores};
-    if (!decode) {
-      if (const PrefillCalibration* e = hw.calibration->prefill_for(pr.head_dim))
-        calibrate_prefill(plan, pr, *e, frame, hw.calibration->file);
-    } else if (const DecodeCalibration* e = hw.calibration->decode_for(pr.kv_dtype)) {
-      calibrate_decode(plan, pr, *e, frame, hw.calibration->file);
-    }
   }
   return plan;
 }

@@ -39,8 +39,12 @@ struct Plan {
   std::string calibration;
 };
 
+// Whether a plan carries its text (rationale, calibration): reports want it, a kernel call does
+// not (building it is most of a small call's planning time).
+enum class PlanText { full, none };
+
 // threads: 0 means the profile's core count.
-Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads = 0);
+Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads = 0, PlanText text = PlanText::full);
 Plan plan_gpu(const Problem& pr, const HardwareProfile& hw);
 Plan plan_for(const Problem& pr, const HardwareProfile& hw, int threads = 0);
 

@@ -394,3 +394,28 @@ TEST_CASE("calibration: ioattn_tune writes a file later plans use, and refuses b
   CHECK(read_file(path) == before);
   std::remove(path.c_str());
 }
+
+TEST_CASE("calibration: a kernel's plan (no text) has the report's numbers", "[calibration]") {
+  const Calibration c = sample_calibration();
+  for (const HardwareProfile& base : ioattn::test::cpu_profiles())
+    for (const HardwareProfile& hw : {base, with_calibration(base, c)})
+      for (const ioattn::Problem& pr : {ioattn::test::make_problem(16, 4, 1000, 3000, 64),
+                                        ioattn::test::make_problem(32, 8, 1, 9000, 128, DType::f16),
+                                        ioattn::test::make_problem(2, 2, 40, 50000, 256, DType::bf16, 3)})
+        for (int threads : {0, 1, 5}) {
+          const Plan full = ioattn::plan_cpu(pr, hw, threads);
+          const Plan bare = ioattn::plan_cpu(pr, hw, threads, ioattn::PlanText::none);
+          INFO(hw.name << (hw.calibration ? " calibrated" : "") << " threads " << threads);
+          CHECK_FALSE(full.rationale.empty());
+          CHECK(bare.rationale.empty());
+          CHECK(bare.calibration.empty());
+          CHECK(bare.calibrated == full.calibrated);
+          CHECK(bare.block_q == full.block_q);
+          CHECK(bare.block_kv == full.block_kv);
+          CHECK(bare.kv_splits == full.kv_splits);
+          CHECK(bare.workers == full.workers);
+          CHECK(bare.work_items == full.work_items);
+          CHECK(bare.working_set_bytes == full.working_set_bytes);
+          CHECK(bare.decode_prefetch_blocks == full.decode_prefetch_blocks);
+        }
+}
