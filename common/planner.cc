@@ -170,6 +170,35 @@ void calibrate_decode(Plan& plan, const Problem& pr, const DecodeCalibration& e,
                      dtype_name(e.kv_dtype) + " cache the tuning run measured " + times(e.planned_ms, e.best_ms) + gbs;
 }
 
+// plan_cpu's sentence for its cache-derived blocks: what fits where, and why these sizes.
+std::string cpu_rationale(const Plan& plan, const Problem& pr, int64_t dp, int64_t group, int cores, const char* why,
+                          bool grew) {
+  // Decode mode never runs the packed blocks sized above (they serve calls with more query rows
+  // per kv head); the plan keeps them and says what decode streams instead.
+  const bool decode = cpu_decode_mode(plan.rows_per_unit);
+  const int64_t decode_block_bytes =
+      cpu_decode_block_bytes(pr.heads_kv, pr.head_dim, pr.head_dim_v, dtype_bytes(pr.kv_dtype));
+  const std::string bq = std::to_string(plan.block_q), bkv = std::to_string(plan.block_kv);
+  std::string text = (decode ? "decode: one task per sequence and key split reads K/V straight from the cache in " +
+                                   std::to_string(cpu_decode_block_keys) + "-key blocks over all " +
+                                   std::to_string(pr.heads_kv) + " kv heads (" + kib(decode_block_bytes) +
+                                   " of K/V per block, prefetched into L2), the " + std::to_string(group) +
+                                   " query heads of each kv head together; for calls with more query rows, the "
+                                   "packed blocks: "
+                             : std::string()) +
+                     "working set " + kib(plan.working_set_bytes) + " (Q " + bq + "x" + std::to_string(dp) + ", K/V " +
+                     bkv + " keys, scores " + bq + "x" + bkv + ", fp32) fits " +
+                     std::to_string(int(kCpuCacheFill * 100)) + "% of the " + kib(plan.target_level_bytes) +
+                     " per-core " + plan.target_level + "; " + why +
+                     (grew ? ", and the leftover cache lengthens block_kv" : "") +
+                     (plan.kv_splits > 1 ? "; the key axis splits " + std::to_string(plan.kv_splits) + " ways so all " +
+                                               std::to_string(cores) + " cores have work"
+                                         : "");
+  if (plan.working_set_bytes > plan.target_level_bytes)
+    text += "; even the smallest tile overflows " + plan.target_level + " on this profile";
+  return text;
+}
+
 }  // namespace
 
 Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads, PlanText text) {
@@ -259,6 +288,10 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads, PlanTex
                               decode ? pr.seqlen_k / cpu_decode_min_split_keys : most_block_splits(pr.seqlen_k, bkv));
   set_cpu_workers(plan, tasks, threads > 0 ? threads : cores);
 
+  if (text == PlanText::full) {
+    plan.rationale = cpu_rationale(plan, pr, dp, group, cores, why, grew);
+    plan.calibration = hw.calibration_note;
+  }
   if (hw.calibration) {
     const CpuPlanFrame frame{group, rr, rc, rows_cap, keys_cap, cores, dvp, threads > 0 ? threads : cores, text};
     if (!decode) {
@@ -267,30 +300,6 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads, PlanTex
     } else if (const DecodeCalibration* e = hw.calibration->decode_for(pr.kv_dtype)) {
       calibrate_decode(plan, pr, *e, frame, hw.calibration->file);
     }
-  }
-  if (text == PlanText::none) return plan;
-  if (!plan.calibrated) plan.calibration = hw.calibration_note;
-  // Decode mode never runs the packed blocks sized above (they serve calls with more query rows
-  // per kv head); the plan keeps them and says what decode streams instead.
-  const int64_t decode_block_bytes =
-      cpu_decode_block_bytes(pr.heads_kv, pr.head_dim, pr.head_dim_v, dtype_bytes(pr.kv_dtype));
-  plan.rationale = (decode ? "decode: one task per sequence and key split reads K/V straight from the cache in " +
-                                 std::to_string(cpu_decode_block_keys) + "-key blocks over all " +
-                                 std::to_string(pr.heads_kv) + " kv heads (" + kib(decode_block_bytes) +
-                                 " of K/V per block, prefetched into L2), the " + std::to_string(group) +
-                                 " query heads of each kv head together; for calls with more query rows, the "
-                                 "packed blocks: "
-                           : std::string()) +
-                   "working set " + kib(plan.working_set_bytes) + " (Q " + std::to_string(bq) + "x" +
-                   std::to_string(dp) + ", K/V " + std::to_string(bkv) + " keys, scores " + std::to_string(bq) + "x" +
-                   std::to_string(bkv) + ", fp32) fits " + std::to_string(int(kCpuCacheFill * 100)) + "% of the " +
-                   kib(plan.target_level_bytes) + " per-core " + plan.target_level + "; " + why +
-                   (grew ? ", and the leftover cache lengthens block_kv" : "") +
-                   (plan.kv_splits > 1 ? "; the key axis splits " + std::to_string(plan.kv_splits) + " ways so all " +
-                                             std::to_string(cores) + " cores have work"
-                                       : "");
-  if (plan.working_set_bytes > plan.target_level_bytes) {
-    plan.rationale += "; even the smallest tile overflows " + plan.target_level + " on this profile";
   }
   return plan;
 }
