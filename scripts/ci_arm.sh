@@ -6,7 +6,7 @@
 # SVE vector length picks which one runs. Installs what it needs, as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step() { printf '\n==== %s ====\n' "$*"; }
+step() { printf '\n==== %s (at %d s) ====\n' "$*" "$SECONDS"; }
 
 step "AArch64 cross build, tests under qemu-user"
 # No package-list refresh after adding the architecture: setup.sh refreshes before it installs

@@ -14,7 +14,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 jobs=$(nproc)
-step() { printf '\n==== %s ====\n' "$*"; }
+# Each stage's header says when it began, so CI's log shows where its time goes.
+step() { printf '\n==== %s (at %d s) ====\n' "$*" "$SECONDS"; }
 
 step "source layout: file and function sizes, include edges, clang-format"
 # Before any build: no file in common/, cpu/ or gpu/ over 700 lines nor function over 120; common/
