@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -138,7 +139,10 @@ TEST_CASE("calibration: a file is applied on its own machine only, and a bad one
     const Plan p = ioattn::plan_cpu(pr, h);
     CHECK(p.calibrated);
     CHECK(p.calibration.find(path) != std::string::npos);
-    CHECK(ioattn::planning_host().calibration);
+    // The kernels plan with the calibrated host unless IOATTN_HW_PROFILE names another profile
+    // (CI reruns the suite under zen3's and rpi5's plans), which is never calibrated.
+    const char* named = std::getenv("IOATTN_HW_PROFILE");
+    CHECK(bool(ioattn::planning_host().calibration) == !(named && named[0]));
   }
 
   c.key.cores += 1;
