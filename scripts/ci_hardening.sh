@@ -14,7 +14,8 @@ fuzz_seconds=${IOATTN_FUZZ_SECONDS:-20}
 # The CPU suite's large numeric grids gain nothing from TSan (they run one caller) and run
 # 5-15x slower under it; these are the tests where threads meet.
 tsan_tests=${IOATTN_TSAN_TESTS:-test_concurrency test_faults test_api_validation test_fuzz_regressions test_inference_cpu test_cpu_threads}
-step() { printf '\n==== %s (at %d s) ====\n' "$*" "$SECONDS"; }
+IOATTN_CI_T0=${IOATTN_CI_T0:-$(date +%s)}  # scripts/test.sh's start when it calls this
+step() { printf '\n==== %s (at %d s) ====\n' "$*" "$(($(date +%s) - IOATTN_CI_T0))"; }
 
 have_libfuzzer() {
   local probe
