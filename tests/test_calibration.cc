@@ -396,7 +396,10 @@ TEST_CASE("calibration: ioattn_tune writes a file later plans use, and refuses b
   CHECK(ioattn_tune(&bad) == IOATTN_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(ioattn_last_error()).find(blocked) != std::string::npos);
   CHECK(read_file(path) == before);
+  // The file, then the two folders the run created for it.
   std::remove(path.c_str());
+  std::remove(temp_path("tune/dir").c_str());
+  std::remove(temp_path("tune").c_str());
 }
 
 TEST_CASE("calibration: a kernel's plan (no text) has the report's numbers", "[calibration]") {
