@@ -29,7 +29,6 @@ usage: ring_scaling.py [--seqlen 8192] [--ranks 1,2,4,8] [--heads 8] [--kv-heads
                        [--no-causal] [--contiguous] [--reps 3] [--json PATH]
 """
 import argparse
-import importlib.util
 import json
 import os
 import pathlib
@@ -40,24 +39,7 @@ import subprocess
 import sys
 import time
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-def import_ioattn():
-    build = os.environ.get("IOATTN_BUILD_DIR")
-    if build:
-        source = REPO / "python" / "ioattn"
-        ext_dir = pathlib.Path(build).resolve() / "python" / "ioattn"
-        spec = importlib.util.spec_from_file_location(
-            "ioattn", source / "__init__.py", submodule_search_locations=[str(source), str(ext_dir)]
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["ioattn"] = module
-        spec.loader.exec_module(module)
-    import ioattn
-    import ioattn.distributed
-
-    return ioattn
+from build_tree import import_ioattn  # noqa: E402  (this folder)
 
 
 def cpu_model():
@@ -111,7 +93,7 @@ def worker(args):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    ioattn = import_ioattn()
+    ioattn = import_ioattn("distributed")
     ring = ioattn.distributed
     rank, world = args.rank, args.world
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=world)

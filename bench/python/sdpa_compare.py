@@ -28,7 +28,6 @@ usage: sdpa_compare.py [--device cpu,cuda] [--quick] [--json PATH] [--part overh
 """
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import pathlib
@@ -41,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from build_tree import import_ioattn  # noqa: E402  (this folder)
 
 # The SDPA backends that can run on each device (None: SDPA's own choice).
 SDPA_BACKENDS = {
@@ -55,23 +54,6 @@ SDPA_BACKENDS = {
 }
 DTYPE = {"cpu": torch.float32, "cuda": torch.bfloat16}
 BACKEND_CUDA = 1
-
-
-def import_ioattn():
-    build = os.environ.get("IOATTN_BUILD_DIR")
-    if build:
-        source = REPO / "python" / "ioattn"
-        ext_dir = pathlib.Path(build).resolve() / "python" / "ioattn"
-        spec = importlib.util.spec_from_file_location(
-            "ioattn", source / "__init__.py", submodule_search_locations=[str(source), str(ext_dir)]
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["ioattn"] = module
-        spec.loader.exec_module(module)
-    import ioattn
-    import ioattn.ops  # noqa: F401  registers torch.ops.ioattn.*
-
-    return ioattn
 
 
 def match_threads():
@@ -325,7 +307,7 @@ def main():
     if "cuda" in devices and not torch.cuda.is_available():
         sys.exit("--device cuda: torch sees no CUDA device")
     threads = match_threads()
-    ioattn = import_ioattn()
+    ioattn = import_ioattn("ops")
 
     result = {
         "ioattn": ioattn.__version__,
