@@ -37,16 +37,16 @@ std::string cuda_unavailable_reason() {
 #endif
 }
 
-namespace {
-
-void throw_status(ioattn_status s) {
-  const std::string detail = std::string("ioattn_forward: ") + ioattn_status_string(s) + ": " + ioattn_last_error();
+void throw_status(const char* entry, ioattn_status s) {
+  const std::string detail = std::string(entry) + ": " + ioattn_status_string(s) + ": " + ioattn_last_error();
   switch (s) {
     case IOATTN_ERROR_INVALID_ARGUMENT: throw usage_error(detail);
     case IOATTN_ERROR_UNSUPPORTED: throw unsupported_error(detail);
     default: throw internal_error(detail);
   }
 }
+
+namespace {
 
 using Clock = std::chrono::steady_clock;
 
@@ -58,7 +58,7 @@ double run_host(const ForwardJob& job, int repeats) {
     const auto t0 = Clock::now();
     const ioattn_status s = ioattn_forward(&q, &k, &v, &out, lse, &job.options);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (s != IOATTN_OK) throw_status(s);
+    if (s != IOATTN_OK) throw_status("ioattn_forward", s);
     best = std::min(best, dt);
   }
   return best;
@@ -80,7 +80,7 @@ double run_cuda(const ForwardJob& job, int repeats) {
   for (int r = 0; r < repeats; ++r) {
     const auto t0 = Clock::now();
     const ioattn_status s = ioattn_forward(&q, &k, &v, &out, lse, &job.options);
-    if (s != IOATTN_OK) throw_status(s);
+    if (s != IOATTN_OK) throw_status("ioattn_forward", s);
     device_synchronize();
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
   }

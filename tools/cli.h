@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "ioattn/ioattn.h"
+
 namespace ioattn::cli {
 
 // Exit codes from docs/api.md.
@@ -28,6 +30,10 @@ class CliError : public std::runtime_error {
 inline CliError usage_error(const std::string& message) { return CliError(kExitUsage, message); }
 inline CliError unsupported_error(const std::string& message) { return CliError(kExitUnsupported, message); }
 inline CliError internal_error(const std::string& message) { return CliError(kExitInternal, message); }
+
+// A failed library call (`entry`, e.g. "ioattn_forward") as the contract's exit code: bad input
+// 2, unsupported 3, anything else 1, with the library's message.
+[[noreturn]] void throw_status(const char* entry, ioattn_status s);
 
 // A user-supplied string quoted for a one-line message: non-printable bytes become \xNN and the
 // text is cut at 200 bytes, so a hostile argument cannot spread a message over lines.

@@ -81,10 +81,7 @@ int cmd_tune(int argc, char** argv) {
   bool tty = isatty(STDERR_FILENO) != 0;
   opt.progress = progress;
   opt.user = &tty;
-  const ioattn_status s = ioattn_tune(&opt);
-  if (s == IOATTN_ERROR_INVALID_ARGUMENT) throw usage_error(ioattn_last_error());
-  if (s == IOATTN_ERROR_UNSUPPORTED) throw unsupported_error(ioattn_last_error());
-  if (s != IOATTN_OK) throw internal_error(ioattn_last_error());
+  if (const ioattn_status s = ioattn_tune(&opt); s != IOATTN_OK) throw_status("ioattn_tune", s);
 
   // What was written, read back as every later call will read it.
   Calibration c;
