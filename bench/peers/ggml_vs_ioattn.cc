@@ -12,7 +12,6 @@
 // prints one line: mode shape threads ioattn_ms ggml_ms speedup metric_ioattn metric_ggml maxdiff
 #include <ggml-cpu.h>
 #include <ggml.h>
-#include <ioattn/ioattn.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ioattn/ioattn.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -43,18 +43,9 @@ void check(ioattn_status s, const char* what) {
   }
 }
 
-ioattn_tensor bshd(void* p, ioattn_dtype dt, int64_t B, int64_t S, int64_t H, int64_t D) {
-  ioattn_tensor t;
-  t.data = p;
-  t.dtype = dt;
-  t.batch = B;
-  t.seqlen = S;
-  t.heads = H;
-  t.head_dim = D;
-  t.stride_head = D;
-  t.stride_seq = H * D;
-  t.stride_batch = S * H * D;
-  return t;
+// Contiguous (B, S, H, D), through the C++ API's view so the layout is written in one place.
+ioattn_tensor bshd(void* p, ioattn::DTypeCode dt, int64_t B, int64_t S, int64_t H, int64_t D) {
+  return ioattn::TensorView::contiguous(p, dt, B, S, H, D).raw;
 }
 
 struct Ggml {
@@ -155,18 +146,18 @@ int main(int argc, char** argv) {
   ioattn_options_default(&opt);
   opt.causal = causal ? 1 : 0;
   opt.num_threads = threads;
-  ioattn_tensor tq = bshd(qd, IOATTN_F32, B, Sq, Hq, D);
-  ioattn_tensor to = bshd(out_io.data(), IOATTN_F32, B, Sq, Hq, D);
+  ioattn_tensor tq = bshd(qd, ioattn::DTypeCode::f32, B, Sq, Hq, D);
+  ioattn_tensor to = bshd(out_io.data(), ioattn::DTypeCode::f32, B, Sq, Hq, D);
   std::vector<int32_t> seqlens(B, int32_t(Sk));
   ioattn_kvcache cache{};
   if (decode) {
-    cache.k = bshd(g.k->data, IOATTN_F16, B, Sk, Hkv, D);
-    cache.v = bshd(g.v->data, IOATTN_F16, B, Sk, Hkv, D);
+    cache.k = bshd(g.k->data, ioattn::DTypeCode::f16, B, Sk, Hkv, D);
+    cache.v = bshd(g.v->data, ioattn::DTypeCode::f16, B, Sk, Hkv, D);
     cache.seqlens = seqlens.data();
     cache.block_table = nullptr;
   }
-  ioattn_tensor tk = bshd(kf.data(), IOATTN_F32, B, Sk, Hkv, D);
-  ioattn_tensor tv = bshd(vf.data(), IOATTN_F32, B, Sk, Hkv, D);
+  ioattn_tensor tk = bshd(kf.data(), ioattn::DTypeCode::f32, B, Sk, Hkv, D);
+  ioattn_tensor tv = bshd(vf.data(), ioattn::DTypeCode::f32, B, Sk, Hkv, D);
   auto run_io = [&] {
     if (decode)
       check(ioattn_forward_kvcache(&tq, &cache, nullptr, nullptr, &to, nullptr, &opt), "ioattn_forward_kvcache");
