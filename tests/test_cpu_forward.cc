@@ -3,6 +3,7 @@
 // target, every dtype, layouts and strides, forced tilings and the C ABI.
 #include <array>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "cpu/cpu_backend.h"
@@ -181,6 +182,59 @@ TEST_CASE("forced tilings: block sizes, kv splits, with masks", "[cpu][forward][
       c.dtype = kDtypes[seed % 3];
       check_case(c, seed++);
     }
+  }
+}
+
+// Plans follow the caches: each built-in CPU profile sizes other blocks, splits and modes for the
+// same shape, so every profile's plan runs here whatever machine runs the suite, at one to three
+// threads (the count picks head or tile mode and the split). The shapes are ones the profiles
+// disagree on; the test fails if they stop disagreeing, which would leave plans untested.
+TEST_CASE("every built-in CPU profile's plan: prefill, decode and split shapes, 1 to 3 threads",
+          "[cpu][forward][plans]") {
+  struct Shape {
+    int64_t hq, hkv, sq, sk, d;
+    bool causal;
+    DType dtype;
+  };
+  const std::vector<Shape> shapes = {{4, 2, 300, 700, 128, true, DType::f32},
+                                     {2, 2, 161, 1500, 64, false, DType::bf16},
+                                     {8, 2, 1, 20000, 128, false, DType::f16},
+                                     {16, 4, 3, 4100, 96, true, DType::bf16},
+                                     {2, 1, 150, 257, 256, false, DType::f16}};
+  std::vector<const ioattn::HardwareProfile*> profiles = {nullptr};  // the host's own plan too
+  for (const ioattn::HardwareProfile& hw : ioattn::test::cpu_profiles()) profiles.push_back(&hw);
+  uint32_t seed = 700;
+  for (const Shape& s : shapes) {
+    AttnCase c;
+    c.heads_q = s.hq;
+    c.heads_kv = s.hkv;
+    c.seqlen_q = s.sq;
+    c.seqlen_k = s.sk;
+    c.head_dim = s.d;
+    c.causal = s.causal;
+    c.dtype = s.dtype;
+    std::mt19937 rng(seed++);
+    AttnBuffers bufs(c);
+    bufs.randomize(rng);
+    const ioattn::test::Oracle oracle = ioattn::test::make_oracle(c, bufs);  // the inputs are shared
+    std::set<std::array<int64_t, 4>> plans;
+    for (const ioattn::HardwareProfile* hw : profiles) {
+      for (int threads = 1; threads <= 3; ++threads) {
+        c.threads = threads;
+        c.tiling.profile = hw;
+        const ioattn::Plan plan = ioattn::cpu::plan_for_params(ioattn::test::make_params(c, bufs));
+        plans.insert({plan.block_q, plan.block_kv, plan.kv_splits, plan.workers});
+        INFO(c.describe() << " under " << (hw ? hw->name : std::string("the host")) << "'s plan: blocks "
+                          << plan.block_q << "x" << plan.block_kv << ", " << plan.kv_splits << " splits");
+        bufs.reset_outputs();
+        REQUIRE(ioattn::test::run_cpu_kernel(c, bufs).is_ok());
+        const ioattn::test::Verdict v = ioattn::test::check_against(oracle, c, bufs);
+        INFO(v.report());
+        CHECK(v.ok);
+      }
+    }
+    INFO("D " << s.d << ", Sq " << s.sq << ", Sk " << s.sk);
+    CHECK(plans.size() >= 4);
   }
 }
 

@@ -200,7 +200,7 @@ std::string Verdict::report() const {
   return o.str();
 }
 
-Verdict check_against_reference(const AttnCase& c, const AttnBuffers& bufs) {
+Oracle make_oracle(const AttnCase& c, const AttnBuffers& bufs) {
   AttnBuffers& in = const_cast<AttnBuffers&>(bufs);  // make_params takes the buffers' pointers only
   AttnParams p = make_params(c, in);
   const int64_t dv = c.dv();
@@ -209,11 +209,18 @@ Verdict check_against_reference(const AttnCase& c, const AttnBuffers& bufs) {
   p.o_seq_stride = c.heads_q * dv;
   p.o_head_stride = dv;
   const size_t n_out = size_t(c.batch * c.seqlen_q * c.heads_q * dv), n_lse = size_t(c.batch * c.heads_q * c.seqlen_q);
-  std::vector<double> out64(n_out), lse64(n_lse);
-  std::vector<float> out32(n_out), lse32(n_lse);
-  naive_attention<double>(p, out64.data(), lse64.data());
-  naive_attention<float>(p, out32.data(), lse32.data());
+  Oracle o{std::vector<double>(n_out), std::vector<double>(n_lse), std::vector<float>(n_out),
+           std::vector<float>(n_lse)};
+  naive_attention<double>(p, o.out64.data(), o.lse64.data());
+  naive_attention<float>(p, o.out32.data(), o.lse32.data());
+  return o;
+}
 
+Verdict check_against(const Oracle& oracle, const AttnCase& c, const AttnBuffers& bufs) {
+  const int64_t dv = c.dv();
+  const size_t n_lse = size_t(c.batch * c.heads_q * c.seqlen_q);
+  const std::vector<double>&out64 = oracle.out64, &lse64 = oracle.lse64;
+  const std::vector<float>&out32 = oracle.out32, &lse32 = oracle.lse32;
   Verdict v;
   double magnitude = 0;
   for (int64_t b = 0; b < c.batch; ++b)
@@ -256,6 +263,10 @@ Verdict check_against_reference(const AttnCase& c, const AttnBuffers& bufs) {
   v.ok = v.err <= 2 * v.naive_err + v.floor && v.lse_err <= 2 * v.lse_naive_err + v.lse_floor &&
          v.nan_mismatches == 0 && v.lse_mismatches == 0 && v.guards_ok && v.padding_ok;
   return v;
+}
+
+Verdict check_against_reference(const AttnCase& c, const AttnBuffers& bufs) {
+  return check_against(make_oracle(c, bufs), c, bufs);
 }
 
 Verdict run_random_case(const AttnCase& c, uint32_t seed, Status* status, float stddev) {

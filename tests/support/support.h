@@ -125,6 +125,14 @@ struct Verdict {
   std::string report() const;
 };
 
+// The rule's two references for one case's inputs: computed once, they check any number of runs
+// over the same inputs (other plans, thread counts, targets).
+struct Oracle {
+  std::vector<double> out64, lse64;  // fp64: (B, Sq, Hq, Dv) dense, lse [B][Hq][Sq]
+  std::vector<float> out32, lse32;   // naive_attention<float>, the same layouts
+};
+Oracle make_oracle(const AttnCase& c, const AttnBuffers& bufs);
+Verdict check_against(const Oracle& oracle, const AttnCase& c, const AttnBuffers& bufs);
 Verdict check_against_reference(const AttnCase& c, const AttnBuffers& bufs);
 
 // Fills the case's inputs with normal values (seeded), NaN-fills the outputs, runs the CPU kernel
