@@ -7,6 +7,10 @@
 # nothing here uses.
 set -euo pipefail
 version=4.2.0.0
+if [[ ${1:-} == --version ]]; then
+  echo "$version"
+  exit 0
+fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 wheel=$root/.deps/wheels/nvidia_cutlass-$version-py3-none-any.whl
 dest=$root/.deps/cutlass
