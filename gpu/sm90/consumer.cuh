@@ -73,7 +73,34 @@ struct Consumer {
     sm.template exponentiate<Elem>(s, k_exp, m_ref, factor, p_frag);
   }
 
-  // The whole walk, then the output.
+  // This warp's reads of one operand of a stage are done (the wgmma that read it has retired);
+  // the producer refills it once all consumer warps say so.
+  __device__ __forceinline__ void release(uint64_t* empty) const {
+    __syncwarp();
+    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(empty);
+  }
+
+  // Scores of tile i (first key n0) to P, choosing the mask and mode specialization: the
+  // choices are uniform across the warpgroup.
+  template <class SFrag, class PFrag>
+  __device__ __forceinline__ void tile_softmax(const AttnParams& p, const CtaWork<Kt>& w, Softmax& sm,
+                                               const SFrag& s_frag, int i, float (&factor)[2], PFrag& p_frag) const {
+    const int n = w.n_end - 1 - i;
+    const bool full = n >= full_begin && n < full_end;
+    const int64_t n0 = int64_t(n) * BN;
+    if (full && mode.fused)
+      scores_to_p<false, true>(p, w, sm, s_frag, n0, factor, p_frag);
+    else if (full)
+      scores_to_p<false, false>(p, w, sm, s_frag, n0, factor, p_frag);
+    else
+      scores_to_p<true, false>(p, w, sm, s_frag, n0, factor, p_frag);
+  }
+
+  // The whole walk, then the output. The softmax of tile i runs while the tensor cores do P V of
+  // tile i - 1: each step issues S_i = Q K_i^T and O += P_{i-1} V_{i-1} as two wgmma groups,
+  // waits for the first, exponentiates S_i into a second P fragment, waits for the second, and
+  // only then rescales O by tile i's factor, which P_{i-1} V_{i-1} was summed without. The sums
+  // are the same, in the same order, as a walk without the overlap.
   __device__ __forceinline__ void run(const AttnParams& p, const CtaWork<Kt>& w, typename Kt::Storage& st) const {
     typename Kt::MmaQK mma_qk;
     typename Kt::MmaPV mma_pv;
@@ -87,17 +114,16 @@ struct Consumer {
     Tensor tOrV = thr_pv.partition_fragment_B(sV);  // (MMA, MMA_N, MMA_K, stage)
     Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<BM>, Int<BN>>{});
     Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<BM>, Int<D>>{});
-    // P in the A-fragment layout of P V: per k16 slice (2 x 2 x 2) elements, compact.
-    Tensor tOrP = make_tensor<typename Kt::T>(Layout<Shape<Shape<_2, _2, _2>, _1, Int<BN / 16>>>{});
+    // P in the A-fragment layout of P V: per k16 slice (2 x 2 x 2) elements, compact. tOrP is
+    // what the P V in flight reads; tOrPn receives the next tile's.
+    using PLayout = Layout<Shape<Shape<_2, _2, _2>, _1, Int<BN / 16>>>;
+    Tensor tOrP = make_tensor<typename Kt::T>(PLayout{});
+    Tensor tOrPn = make_tensor<typename Kt::T>(PLayout{});
     static_assert(size(decltype(tSrS){}) == 4 * NT && size(decltype(tOrO){}) == 4 * OT, "m64 accumulators");
     clear(tOrO);
     Softmax sm;
 
-    if (w.n_tiles > 0) Barrier::wait(&st.q_full, 0);
-    for (int i = 0; i < w.n_tiles; ++i) {
-      const int s = i % Stages, n = w.n_end - 1 - i;
-      const uint32_t phase = (i / Stages) & 1;
-      Barrier::wait(&st.k_full[s], phase);
+    auto issue_qk = [&](int s) {
       warpgroup_fence_operand(tSrS);
       warpgroup_arrive();
       mma_qk.accumulate_ = SM90::GMMA::ScaleOut::Zero;
@@ -107,36 +133,55 @@ struct Consumer {
         mma_qk.accumulate_ = SM90::GMMA::ScaleOut::One;
       }
       warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-
-      float factor[2];
-      const bool full = n >= full_begin && n < full_end;
-      const int64_t n0 = int64_t(n) * BN;
-      if (full && mode.fused)
-        scores_to_p<false, true>(p, w, sm, tSrS, n0, factor, tOrP);
-      else if (full)
-        scores_to_p<false, false>(p, w, sm, tSrS, n0, factor, tOrP);
-      else
-        scores_to_p<true, false>(p, w, sm, tSrS, n0, factor, tOrP);
-        // O takes the factor unconditionally: exactly 1 unless the max grew.
-#pragma unroll
-      for (int d = 0; d < OT; ++d)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) tOrO(4 * d + e) *= factor[e / 2];
-
-      Barrier::wait(&st.v_full[s], phase);
+    };
+    auto issue_pv = [&](int s) {
       warpgroup_fence_operand(tOrP);
       warpgroup_fence_operand(tOrO);
       warpgroup_arrive();
 #pragma unroll
       for (int kb = 0; kb < size<2>(tOrP); ++kb) cute::gemm(mma_pv, tOrP(_, _, kb), tOrV(_, _, kb, s), tOrO);
       warpgroup_commit_batch();
+    };
+
+    if (w.n_tiles > 0) {
+      Barrier::wait(&st.q_full, 0);
+      Barrier::wait(&st.k_full[0], 0);
+      issue_qk(0);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      release(&st.k_empty[0]);
+      float factor[2];  // O is still zero: nothing to rescale
+      tile_softmax(p, w, sm, tSrS, 0, factor, tOrP);
+    }
+    for (int i = 1; i < w.n_tiles; ++i) {
+      const int s = i % Stages, prev = (i - 1) % Stages;
+      Barrier::wait(&st.k_full[s], (i / Stages) & 1);
+      issue_qk(s);
+      Barrier::wait(&st.v_full[prev], ((i - 1) / Stages) & 1);
+      issue_pv(prev);
+      warpgroup_wait<1>();  // groups retire in order: S_i is ready, P_{i-1} V_{i-1} may not be
+      warpgroup_fence_operand(tSrS);
+      release(&st.k_empty[s]);
+      float factor[2];
+      tile_softmax(p, w, sm, tSrS, i, factor, tOrPn);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
-      // This warp's reads of stage s are done; the stage refills once all consumer warps say so.
-      __syncwarp();
-      if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&st.kv_empty[s]);
+      warpgroup_fence_operand(tOrP);
+      release(&st.v_empty[prev]);
+#pragma unroll
+      for (int d = 0; d < OT; ++d)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tOrO(4 * d + e) *= factor[e / 2];
+#pragma unroll
+      for (int j = 0; j < size(tOrP); ++j) tOrP(j) = tOrPn(j);
+    }
+    if (w.n_tiles > 0) {
+      const int last = (w.n_tiles - 1) % Stages;
+      Barrier::wait(&st.v_full[last], ((w.n_tiles - 1) / Stages) & 1);
+      issue_pv(last);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      release(&st.v_empty[last]);
     }
     store_output(p, w, sm, tOrO);
   }

@@ -6,10 +6,12 @@
 // diagonal or the sequence end cut come first, as in the sm_80 kernel.
 //
 // Barriers, all in shared memory: q_full and, per stage s, k_full[s] and v_full[s] complete when
-// their TMA transactions land (one producer arrival carrying the byte count); kv_empty[s]
-// completes when every consumer warp has finished reading stage s (one arrival per warp, after
-// its P V wgmma has retired). Tile i uses stage i % Stages in its (i / Stages)-th round, whose
-// parity is what the waits name.
+// their TMA transactions land (one producer arrival carrying the byte count); k_empty[s] and
+// v_empty[s] complete when every consumer warp has finished reading that operand of stage s (one
+// arrival per warp, after the wgmma that read it has retired). Tile i uses stage i % Stages in
+// its (i / Stages)-th round, whose parity is what the waits name. The consumers release K a GEMM
+// before V (consumer.cuh), so the producer, which issues K then V per tile, has the next K in
+// flight while they still read this V.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -61,13 +63,14 @@ __device__ __forceinline__ void init_barriers(typename Kt::Storage& st) {
   for (int s = 0; s < Kt::stages; ++s) {
     Barrier::init(&st.k_full[s], 1);
     Barrier::init(&st.v_full[s], 1);
-    Barrier::init(&st.kv_empty[s], Kt::consumer_wgs * 4);
+    Barrier::init(&st.k_empty[s], Kt::consumer_wgs * 4);
+    Barrier::init(&st.v_empty[s], Kt::consumer_wgs * 4);
   }
   cutlass::arch::fence_barrier_init();
 }
 
-// The producer: one thread issues every copy. A stage is refilled once all consumer warps have
-// released its previous round; Q is loaded once, ahead of the first K tile.
+// The producer: one thread issues every copy. A stage's K (V) is refilled once all consumer warps
+// have released the K (V) of its previous round; Q is loaded once, ahead of the first K tile.
 template <class Kt, class TmaQ, class TmaK, class TmaV>
 __device__ __forceinline__ void produce(const AttnParams& p, const CtaWork<Kt>& w, typename Kt::Storage& st,
                                         const TmaQ& tma_q, const TmaK& tma_k, const TmaV& tma_v) {
@@ -93,9 +96,11 @@ __device__ __forceinline__ void produce(const AttnParams& p, const CtaWork<Kt>& 
   copy(tma_q.with(st.q_full), tQg, tQs);
   for (int i = 0; i < w.n_tiles; ++i) {
     const int s = i % Stages, n = w.n_end - 1 - i;
-    if (i >= Stages) Barrier::wait(&st.kv_empty[s], ((i / Stages) - 1) & 1);
+    const uint32_t previous_round = ((i / Stages) - 1) & 1;
+    if (i >= Stages) Barrier::wait(&st.k_empty[s], previous_round);
     Barrier::arrive_and_expect_tx(&st.k_full[s], Kt::kv_bytes);
     copy(tma_k.with(st.k_full[s]), tKg(_, n), tKs(_, s));
+    if (i >= Stages) Barrier::wait(&st.v_empty[s], previous_round);
     Barrier::arrive_and_expect_tx(&st.v_full[s], Kt::kv_bytes);
     copy(tma_v.with(st.v_full[s]), tVg(_, n), tVs(_, s));
   }
