@@ -82,12 +82,13 @@ bool tma_addressable(const AttnParams& p) {
 // The sm_90a kernel's reach: a compute capability 9.0 device (its sm_90a code runs nowhere
 // else) in a build that compiled it; head dims with a gpu_tile_sm90 entry; the rows TMA reads as
 // a box of one dense tensor per operand, so no varlen offsets, block tables or per-sequence
-// cache lengths. Masks (causal, windows), softcap, any scale, GQA and LSE it covers as the sm_80
-// kernel does, with the same rules.
+// cache lengths, and at least one key (a TMA descriptor has no empty extent). Masks (causal,
+// windows), softcap, any scale, GQA and LSE it covers as the sm_80 kernel does, with the same
+// rules.
 bool hopper_covers(const AttnParams& p, int cc_major, int cc_minor, int smem_optin) {
 #if IOATTN_HAVE_SM90
-  return cc_major == 9 && cc_minor == 0 && gpu_tile_sm90(int(p.head_dim)).supported && !p.cu_seqlens_q &&
-         !p.cu_seqlens_k && !p.block_table && !p.seqlens_k && tma_addressable(p) &&
+  return cc_major == 9 && cc_minor == 0 && gpu_tile_sm90(int(p.head_dim)).supported && p.seqlen_k > 0 &&
+         !p.cu_seqlens_q && !p.cu_seqlens_k && !p.block_table && !p.seqlens_k && tma_addressable(p) &&
          sm90::flash_fwd_smem_bytes(int(p.head_dim)) <= smem_optin;
 #else
   (void)p, (void)cc_major, (void)cc_minor, (void)smem_optin;

@@ -256,6 +256,12 @@ TEST_CASE("sm_90a dispatch: what the kernel does not cover keeps its kernel", "[
   c.dtype = DType::f32;
   CHECK(kernel_of(c) == "portable");
   c.dtype = DType::bf16;
+  {
+    Problem pr(c);
+    AttnParams d = pr.device_params();
+    d.seqlen_k = 0;  // no key for a TMA box to address
+    CHECK(ioattn::gpu::forward_kernel(d) == "sm80");
+  }
   c.seqlen_q = 4;  // G x Sq = 4 rows: the split-KV decode kernel
   CHECK(kernel_of(c) == "decode");
 }
