@@ -48,6 +48,38 @@ constexpr GpuTile gpu_tile(int head_dim) {
   }
 }
 
+// The sm_90a forward (gpu/sm90/): a producer warpgroup feeds K/V tiles by TMA and two consumer
+// warpgroups each own 64 query rows (the M of one wgmma), so block_q = 128. Registers per
+// consumer thread after setmaxnreg (240): S is 64 x block_kv / 128 = block_kv / 2 fp32 and O
+// D / 2 fp32, so block_kv = 128 leaves S = 64 and O = 64 at D = 128 with room for P (32) and the
+// softmax; 128 keys per tile also halve the per-tile barrier and softmax overhead against 64.
+// Shared memory: Q and `stages` K and V tiles, swizzled without padding (the 128-byte swizzle
+// that TMA writes and wgmma reads), plus one 1 KiB block for the pipeline's barriers and one for
+// aligning the tiles to the swizzle's 1 KiB period. D = 128: 32 + 2 x 2 x 32 + 2 = 162 KiB (one
+// CTA per SM: the 384 threads' registers are the limit anyway); D = 64 affords a third stage,
+// 16 + 3 x 2 x 16 + 2 = 114 KiB.
+struct GpuTileSm90 {
+  int block_q;       // query rows per CTA: 64 per consumer warpgroup
+  int block_kv;      // key rows per pipeline stage
+  int consumer_wgs;  // consumer warpgroups; one more warpgroup produces
+  int stages;        // K/V shared-memory buffers between the producer and the consumers
+  bool supported;
+};
+
+inline constexpr int kGpuSm90SmemOverhead = 2048;  // barriers + alignment of the tiles to 1 KiB
+
+constexpr int64_t gpu_tile_sm90_smem_bytes(const GpuTileSm90& t, int head_dim) {
+  return (int64_t(t.block_q) + int64_t(t.stages) * 2 * t.block_kv) * head_dim * 2 + kGpuSm90SmemOverhead;
+}
+
+constexpr GpuTileSm90 gpu_tile_sm90(int head_dim) {
+  switch (head_dim) {
+    case 64: return {128, 128, 2, 3, true};
+    case 128: return {128, 128, 2, 2, true};
+    default: return {0, 0, 0, 0, false};
+  }
+}
+
 // Decode (gpu/decode.cuh): a CTA owns the G x Sq query rows that share one kv head (GQA
 // packing), so each K/V byte is read once per step. The rows are one m16n8k16 A tile: up to 16
 // rows cost the same 2 * D / 16 mma per key as one row, and at 4.8 TB/s the H200 streams

@@ -127,6 +127,7 @@ bool parse_profile(const json& j, const std::string& origin, HardwareProfile* ou
       !read_field(j, "clock_ghz", false, &hw.clock_ghz, at, error) ||
       !read_field(j, "smem_per_block_bytes", false, &hw.smem_per_block_bytes, at, error) ||
       !read_field(j, "regs_per_sm", false, &hw.regs_per_sm, at, error) ||
+      !read_field(j, "compute_capability", false, &hw.compute_capability, at, error) ||
       !read_field(j, "source", false, &hw.source, at, error)) {
     return false;
   }
@@ -504,6 +505,7 @@ std::string profile_to_json(const HardwareProfile& hw) {
     j["tensor_tflops"] = hw.tensor_tflops;
     j["smem_per_block_bytes"] = hw.smem_per_block_bytes;
     j["regs_per_sm"] = hw.regs_per_sm;
+    j["compute_capability"] = hw.compute_capability;
   }
   return j.dump(2);
 }

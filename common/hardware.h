@@ -50,6 +50,7 @@ struct HardwareProfile {
   // GPU only.
   int64_t smem_per_block_bytes = 0;  // opt-in maximum per thread block
   int regs_per_sm = 0;
+  int compute_capability = 0;       // major * 10 + minor (90: Hopper, whose plans take the sm_90a kernel); 0 unknown
   std::vector<MemoryLevel> levels;  // innermost first, off-chip last
   std::vector<Link> links;          // to peers, fastest first; may be empty
   std::string source;               // provenance of the profile as a whole

@@ -22,10 +22,12 @@ constexpr bool gpu_table_fits() {
     const GpuTile t = gpu_tile(d);
     if (!t.supported || gpu_tile_smem_bytes(t, d) > kMaxSmemPerBlock) return false;
     if (gpu_tile_smem_bytes(gpu_decode_tile(d), d) > kMaxSmemPerBlock) return false;
+    const GpuTileSm90 h = gpu_tile_sm90(d);
+    if (h.supported && gpu_tile_sm90_smem_bytes(h, d) > kMaxSmemPerBlock) return false;
   }
   return true;
 }
-static_assert(gpu_table_fits(), "a gpu_tile() entry needs more than 227 KiB of shared memory per block");
+static_assert(gpu_table_fits(), "a GPU tile table entry needs more than 227 KiB of shared memory per block");
 
 // 128 keys per step: the per-block rescale of the O accumulator (Dv FLOP per row) is then
 // Dv / (2 * 128 * (D + Dv)) = 1/512 of the block's FLOPs, and a longer key block would only
@@ -304,7 +306,62 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads, PlanTex
   return plan;
 }
 
+namespace {
+
+// The sm_90a prefill's plan (gpu/sm90/, tile table gpu_tile_sm90): a compute capability 9.0
+// profile and a head dim the kernel instantiates. A problem carries its shape only, so requests
+// the kernel leaves to the sm_80 one (varlen, paged: gpu/forward.cu's hopper_covers) plan as
+// their dense shape would.
+bool plans_sm90(const Problem& pr, const HardwareProfile& hw) {
+  const GpuTileSm90 t = gpu_tile_sm90(int(pr.head_dim));
+  return hw.compute_capability == 90 && pr.head_dim == pr.head_dim_v && t.supported &&
+         gpu_tile_sm90_smem_bytes(t, int(pr.head_dim)) <= hw.smem_per_block_bytes;
+}
+
+// One CTA per (batch, q head, 128-row query block) of a producer and two consumer warpgroups,
+// whose registers (setmaxnreg hands the producer's to the consumers) fill the SM's file: the
+// launch bound caps 384 threads at 168 registers each, 64512 of 65536.
+Plan plan_gpu_sm90(const Problem& pr, const HardwareProfile& hw) {
+  constexpr int kRegsPerThread = 168;
+  const int d = int(pr.head_dim);
+  const GpuTileSm90 t = gpu_tile_sm90(d);
+  Plan plan;
+  plan.backend = BackendKind::cuda;
+  plan.hardware = hw.name;
+  plan.kernel = "sm90";
+  plan.reg_rows = 64;  // wgmma m64: the rows of one consumer warpgroup
+  plan.reg_cols = t.block_kv;
+  plan.block_q = t.block_q;
+  plan.block_kv = t.block_kv;
+  plan.warps = 4 * (t.consumer_wgs + 1);
+  plan.stages = t.stages;
+  plan.head_dim_padded = d;
+  plan.working_set_bytes = gpu_tile_sm90_smem_bytes(t, d);
+  plan.target_level = "smem";
+  plan.target_level_bytes = hw.smem_per_block_bytes;
+  const int threads = plan.warps * 32;
+  const int64_t by_smem = hw.levels.front().size_bytes / (plan.working_set_bytes + kGpuSmemReservedPerBlock);
+  const int64_t by_regs = hw.regs_per_sm > 0 ? hw.regs_per_sm / (threads * kRegsPerThread) : 1;
+  plan.ctas_per_sm = int(std::max<int64_t>(1, std::min({by_smem, int64_t(kGpuMaxThreadsPerSm / threads), by_regs})));
+  plan.units = pr.batch * pr.heads_q;
+  plan.rows_per_unit = pr.seqlen_q;
+  plan.kv_splits = 1;
+  plan.work_items = plan.units * (pr.seqlen_q > 0 ? ceil_div(pr.seqlen_q, plan.block_q) : 0);
+  plan.workers = int(std::max<int64_t>(1, std::min<int64_t>(int64_t(hw.cores) * plan.ctas_per_sm, plan.work_items)));
+  plan.rationale = "sm_90a warp-specialized prefill: tile " + std::to_string(plan.block_q) + "x" +
+                   std::to_string(plan.block_kv) + " from the constexpr table (a TMA producer warpgroup and " +
+                   std::to_string(t.consumer_wgs) + " wgmma consumer warpgroups of 64 rows, " +
+                   std::to_string(t.stages) + " K/V stages) needs " + kib(plan.working_set_bytes) + " of the " +
+                   kib(plan.target_level_bytes) + " shared memory per block, " + std::to_string(plan.ctas_per_sm) +
+                   " CTA per SM (its 384 threads hold the register file)";
+  return plan;
+}
+
+}  // namespace
+
 Plan plan_gpu(const Problem& pr, const HardwareProfile& hw) {
+  const int64_t group_rows = pr.heads_kv > 0 ? std::max<int64_t>(1, pr.heads_q / pr.heads_kv) : 1;
+  if (plans_sm90(pr, hw) && !gpu_decode_rows(group_rows, pr.seqlen_q)) return plan_gpu_sm90(pr, hw);
   Plan plan;
   plan.backend = BackendKind::cuda;
   plan.hardware = hw.name;
@@ -334,6 +391,7 @@ Plan plan_gpu(const Problem& pr, const HardwareProfile& hw) {
   const int64_t group = pr.heads_kv > 0 ? std::max<int64_t>(1, pr.heads_q / pr.heads_kv) : 1;
   const bool decode = exact && gpu_decode_rows(group, pr.seqlen_q);
   if (decode) t = gpu_decode_tile(dpad);
+  plan.kernel = decode ? "decode" : "sm80";
   if (!exact) {
     why = "head dim " + std::to_string(pr.head_dim) +
           (pr.head_dim_v != pr.head_dim ? "/" + std::to_string(pr.head_dim_v) : "") +

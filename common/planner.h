@@ -23,7 +23,10 @@ struct Plan {
   int kv_splits = 1;               // >1: the key axis is split (flash-decoding) and partials merged
   int workers = 1;                 // threads (CPU) or concurrently resident CTAs (GPU)
   int64_t work_items = 0;          // independent tasks: batch * heads * query blocks * kv_splits
-  int warps = 0, stages = 0;       // GPU: warps per CTA, cp.async pipeline depth
+  int warps = 0, stages = 0;       // GPU: warps per CTA, K/V pipeline depth (cp.async or TMA)
+  // GPU: the kernel the plan is for: "sm80" (mma.sync prefill), "sm90" (the sm_90a wgmma and TMA
+  // prefill, on compute capability 9.0 profiles) or "decode" (split-KV); empty on the CPU.
+  std::string kernel;
   int64_t working_set_bytes = 0;   // bytes one worker keeps live per step
   std::string target_level;        // the level the working set is fitted to ("L2", "smem")
   int64_t target_level_bytes = 0;  // the capacity it was fitted against (per worker share)

@@ -24,6 +24,7 @@
 #include "common/params.h"
 #include "gpu/decode_launch.cuh"
 #include "gpu/elem_convert.cuh"
+#include "gpu/score_rows.cuh"
 #include "gpu/sm80/flash_fwd.cuh"
 #include "gpu/sm80/primitives.cuh"
 
@@ -167,7 +168,7 @@ struct DecodeWarp {
   // Scores in the log2 domain, exactly as the prefill kernel (gpu/sm80/flash_fwd.cuh) takes
   // them: raw scores with a fused exponent FFMA when there is no softcap and the scale is
   // positive, the two-step form when |m| reaches 2^22 (pytorch issue 121558).
-  sm80::ScoreMode mode;
+  ScoreMode mode;
   // The warp's row key ranges, output accumulator O, row maxima and row sums are arrays of the
   // kernel's own, passed in by reference, so that the scalars here stay registers from the start.
   // ldmatrix x4 lane offsets (primitives.cuh): A from Q rows lane % 16; B from this warp's 16
@@ -210,7 +211,7 @@ struct DecodeWarp {
       const int64_t lo64 = row_keys[hr].begin - n0, hi64 = row_keys[hr].end - n0;
       const int lo = int(lo64 < 0 ? 0 : lo64 > 16 ? 16 : lo64);
       const int hi = int(hi64 < 0 ? 0 : hi64 > 16 ? 16 : hi64);
-      sm80::mask_outside(s, hr, t, lo, hi);
+      mask_outside(s, hr, t, lo, hi);
     }
   }
 
@@ -224,12 +225,12 @@ struct DecodeWarp {
     for (int hr = 0; hr < 2; ++hr) {
       float m = fmaxf(fmaxf(s[0][2 * hr], s[0][2 * hr + 1]), fmaxf(s[1][2 * hr], s[1][2 * hr + 1])) * kmul;
       m = fmaxf(row_max[hr], m);
-      m = sm80::quad_max(m);
+      m = quad_max(m);
       factor[hr] = softmax::rescale_factor(row_max[hr], m, exp2_fn);
       row_max[hr] = m;
     }
-    const bool small = fabsf(softmax::max_for_exp(row_max[0])) < sm80::ScoreMode::kFusedLimit &&
-                       fabsf(softmax::max_for_exp(row_max[1])) < sm80::ScoreMode::kFusedLimit;
+    const bool small = fabsf(softmax::max_for_exp(row_max[0])) < ScoreMode::kFusedLimit &&
+                       fabsf(softmax::max_for_exp(row_max[1])) < ScoreMode::kFusedLimit;
     auto exponentiate = [&](auto arg) {
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
@@ -274,7 +275,7 @@ struct DecodeWarp {
 
     float factor[2];
     softmax_update(row_max, row_sum, s, kmul, factor);
-    if (__any_sync(0xffffffffu, factor[0] != 1.f || factor[1] != 1.f)) sm80::rescale_rows(o, factor);
+    if (__any_sync(0xffffffffu, factor[0] != 1.f || factor[1] != 1.f)) rescale_rows(o, factor);
 
     const uint32_t pa[4] = {Ops::pack(s[0][0], s[0][1]), Ops::pack(s[0][2], s[0][3]), Ops::pack(s[1][0], s[1][1]),
                             Ops::pack(s[1][2], s[1][3])};
@@ -317,7 +318,7 @@ struct DecodeWarp {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const int r = g + 8 * hr;
-      const float l = sm80::quad_sum(row_sum[hr]);
+      const float l = quad_sum(row_sum[hr]);
       if (t == 0) {
         sc.m[warp * Rows + r] = row_max[hr];
         sc.l[warp * Rows + r] = l;

@@ -57,6 +57,7 @@ bool query_cuda_device(HardwareProfile* out) {
   hw.tensor_tflops = tensor_flop_per_sm_clock(prop.major, prop.minor) * hw.cores * hw.clock_ghz * 1e-3;
   hw.smem_per_block_bytes = int64_t(prop.sharedMemPerBlockOptin);
   hw.regs_per_sm = prop.regsPerMultiprocessor;
+  hw.compute_capability = prop.major * 10 + prop.minor;
 
   MemoryLevel smem;
   smem.name = "smem";

@@ -1,8 +1,9 @@
 // Dispatch of the CUDA forward: validates what only the CUDA backend cares about (head dims,
 // layouts a 16-byte copy can read, grid limits, shared memory the device grants), then picks the
-// split-KV decode kernel (few query rows per kv head), the tensor-core prefill kernel for
-// (head dim, storage type) or the portable path. An sm_90a kernel (wgmma, TMA) would be one
-// more branch here, chosen by the device's compute capability.
+// split-KV decode kernel (few query rows per kv head), the sm_90a prefill kernel (wgmma, TMA) on
+// a compute capability 9.0 device for the requests it covers, the sm_80 tensor-core prefill
+// kernel for (head dim, storage type), or the portable path. choose_path is the one place that
+// decides.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -16,6 +17,9 @@
 #include "gpu/gpu_backend.h"
 #include "gpu/simple_fwd.h"
 #include "gpu/sm80/launch.h"
+#if IOATTN_HAVE_SM90
+#include "gpu/sm90/launch.h"
+#endif
 
 namespace ioattn::gpu {
 namespace {
@@ -54,17 +58,57 @@ cudaError_t launch_tensor_core(const AttnParams& p) {
   return cudaErrorInvalidValue;
 }
 
-enum class Path { none, decode, tensor_core, portable };
+#if IOATTN_HAVE_SM90
+template <class Elem>
+cudaError_t launch_hopper(const AttnParams& p) {
+  switch (p.head_dim) {
+    case 64: return sm90::launch_flash_fwd<Elem, 64>(p);
+    case 128: return sm90::launch_flash_fwd<Elem, 128>(p);
+  }
+  return cudaErrorInvalidValue;
+}
+#endif
+
+// What a TMA descriptor addresses: every stride below 2^40 bytes (the rows' 16-byte alignment is
+// chunk_aligned's). Extents fit: sequences are at most 2^30 rows, heads and batch 65535.
+bool tma_addressable(const AttnParams& p) {
+  const int64_t limit = (int64_t(1) << 40) / 2;  // 2-byte elements
+  for (const int64_t s : {p.q_batch_stride, p.q_seq_stride, p.q_head_stride, p.k_batch_stride, p.k_seq_stride,
+                          p.k_head_stride, p.v_batch_stride, p.v_seq_stride, p.v_head_stride})
+    if (s < 0 || s >= limit) return false;
+  return true;
+}
+
+// The sm_90a kernel's reach: a compute capability 9.0 device (its sm_90a code runs nowhere
+// else) in a build that compiled it; head dims with a gpu_tile_sm90 entry; the rows TMA reads as
+// a box of one dense tensor per operand, so no varlen offsets, block tables or per-sequence
+// cache lengths, and at least one key (a TMA descriptor has no empty extent). Masks (causal,
+// windows), softcap, any scale, GQA and LSE it covers as the sm_80 kernel does, with the same
+// rules.
+bool hopper_covers(const AttnParams& p, int cc_major, int cc_minor, int smem_optin) {
+#if IOATTN_HAVE_SM90
+  return cc_major == 9 && cc_minor == 0 && gpu_tile_sm90(int(p.head_dim)).supported && p.seqlen_k > 0 &&
+         !p.cu_seqlens_q && !p.cu_seqlens_k && !p.block_table && !p.seqlens_k && tma_addressable(p) &&
+         sm90::flash_fwd_smem_bytes(int(p.head_dim)) <= smem_optin;
+#else
+  (void)p, (void)cc_major, (void)cc_minor, (void)smem_optin;
+  return false;
+#endif
+}
+
+enum class Path { none, decode, hopper, tensor_core, portable };
 
 // Decode takes the requests whose query rows per (sequence, kv head), G x Sq, fit its 16-row
 // tile (common/gpu_tiles.h has the arithmetic): the prefill kernel would give each of the G
 // query heads its own CTA, reading the same K/V G times, with at most 16 of 128 rows used.
-Path choose_path(const AttnParams& p, int smem_optin) {
+// Prefill takes the sm_90a kernel where it covers the request, else the sm_80 one.
+Path choose_path(const AttnParams& p, int cc_major, int cc_minor, int smem_optin) {
   if (p.batch == 0 || p.seqlen_q == 0) return Path::none;
   const bool tensor_core = p.io_dtype != DType::f32 && p.head_dim == p.head_dim_v && chunk_aligned(p);
   if (tensor_core && gpu_decode_rows(p.heads_q / p.heads_kv, p.seqlen_q) &&
       decode::decode_smem_bytes(int(p.head_dim)) <= smem_optin)
     return Path::decode;
+  if (tensor_core && hopper_covers(p, cc_major, cc_minor, smem_optin)) return Path::hopper;
   if (tensor_core && sm80::flash_fwd_smem_bytes(int(p.head_dim)) <= smem_optin) return Path::tensor_core;
   return Path::portable;
 }
@@ -75,15 +119,28 @@ Path choose_path(const AttnParams& p, int smem_optin) {
 // its launcher) puts the saved slots back before returning, so a failed call leaves the cache as
 // it was; only if that restore cannot be launched either does the message say the cache holds
 // the new rows.
+// The current device's figures that choose_path reads.
+struct DeviceFacts {
+  int smem_optin = 0, cc_major = 0, cc_minor = 0;
+};
+
+cudaError_t query_facts(DeviceFacts* f) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&f->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&f->cc_major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&f->cc_minor, cudaDevAttrComputeCapabilityMinor, device);
+  return err;
+}
+
 Status run(const AttnParams& p, const KvAppend* append) {
   Status s = check_supported(p);
   if (!s.is_ok()) return s;
-  int device = 0, smem_optin = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  DeviceFacts f;
+  cudaError_t err = query_facts(&f);
   if (err != cudaSuccess) return cuda_error("querying the device", err);
 
-  const Path path = choose_path(p, smem_optin);
+  const Path path = choose_path(p, f.cc_major, f.cc_minor, f.smem_optin);
   int splits = 1;
   void* partials = nullptr;
   if (path == Path::decode) {
@@ -111,6 +168,13 @@ Status run(const AttnParams& p, const KvAppend* append) {
   switch (path) {
     case Path::none: break;
     case Path::decode: s = decode_forward(p, splits, partials); break;
+    case Path::hopper:
+#if IOATTN_HAVE_SM90
+      err = p.io_dtype == DType::bf16 ? launch_hopper<__nv_bfloat16>(p) : launch_hopper<__half>(p);
+      if (err != cudaSuccess)
+        s = cuda_error("launching the sm_90a flash forward (head_dim=" + std::to_string(p.head_dim) + ")", err);
+#endif
+      break;
     case Path::tensor_core:
       err = p.io_dtype == DType::bf16 ? launch_tensor_core<__nv_bfloat16>(p) : launch_tensor_core<__half>(p);
       if (err != cudaSuccess)
@@ -153,6 +217,22 @@ Status check_supported(const AttnParams& p) {
 }
 
 Status forward(const AttnParams& p) { return run(p, nullptr); }
+
+std::string forward_kernel(const AttnParams& p) {
+  DeviceFacts f;
+  if (query_facts(&f) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  switch (choose_path(p, f.cc_major, f.cc_minor, f.smem_optin)) {
+    case Path::none: return "none";
+    case Path::decode: return "decode";
+    case Path::hopper: return "sm90";
+    case Path::tensor_core: return "sm80";
+    case Path::portable: return "portable";
+  }
+  return "";
+}
 
 Status forward_kvcache(const AttnParams& p, const KvAppend* append) { return run(p, append); }
 

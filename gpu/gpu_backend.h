@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "common/backend.h"
 #include "common/hardware.h"
@@ -26,6 +27,11 @@ Status check_supported(const AttnParams& p);
 
 // p validated by the API layer; all pointers are device pointers; runs on p.stream.
 Status forward(const AttnParams& p);
+
+// The kernel forward(p) picks on the current device: "sm90" (the sm_90a prefill), "sm80" (the
+// sm_80 tensor-core prefill), "decode", "portable", or "none" (nothing to compute); empty when
+// the device cannot be queried. The tests check which path their cases cover with it.
+std::string forward_kernel(const AttnParams& p);
 
 // KV-cache append on the device (KvAppend's pointers, cache_seqlens included, are device pointers).
 // Bytes append_kv needs to keep the cache slots it overwrites; `saved` (that many bytes of device

@@ -17,6 +17,8 @@ Status forward(const AttnParams&) {
       "backend=CUDA: this build of ioattn was compiled without CUDA (IOATTN_CUDA=OFF or no nvcc)");
 }
 
+std::string forward_kernel(const AttnParams&) { return ""; }
+
 Status forward_kvcache(const AttnParams&, const KvAppend*) {
   return Status::unsupported(
       "backend=CUDA: this build of ioattn was compiled without CUDA (IOATTN_CUDA=OFF or no nvcc)");

@@ -14,7 +14,7 @@
 #
 #   IOATTN_STEPS="ctest test sanitize cpu python bench"
 #                                       which steps to run after the build (default: all six)
-#   IOATTN_GPU_TESTS="test_gpu_forward test_gpu_inference test_gpu_faults"
+#   IOATTN_GPU_TESTS="test_gpu_forward test_gpu_sm90 test_gpu_inference test_gpu_faults"
 #                                       GPU test binaries for the test and sanitize steps
 #   IOATTN_SANITIZE_TOOLS="memcheck racecheck synccheck"
 #   IOATTN_SANITIZE_TIMEOUT=600         seconds per sanitizer run (a run cut off counts as failed)
@@ -32,7 +32,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$root/out}
 mkdir -p "$OUT"
 steps=${IOATTN_STEPS:-ctest test sanitize cpu python bench}
-gpu_tests=${IOATTN_GPU_TESTS:-test_gpu_forward test_gpu_inference test_gpu_faults}
+gpu_tests=${IOATTN_GPU_TESTS:-test_gpu_forward test_gpu_sm90 test_gpu_inference test_gpu_faults}
 cpu_tests=${IOATTN_CPU_TESTS:-test_cpu_forward test_cpu_edge test_cpu_decode test_inference_cpu test_cpu_threads}
 tools=${IOATTN_SANITIZE_TOOLS:-memcheck racecheck synccheck}
 sanitize_timeout=${IOATTN_SANITIZE_TIMEOUT:-600}
@@ -52,9 +52,11 @@ for deb in "$root"/.deps/debs/*.deb; do
 done
 libdir=$prefix/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH="$libdir:$libdir/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The CUTLASS headers of the sm_90a kernels, from the wheel scripts/device_deps.sh carried.
+"$root/scripts/cutlass_headers.sh" || { echo "gpu_run: no CUTLASS headers (scripts/device_deps.sh)" >&2; exit 1; }
 build=$root/build-device
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DIOATTN_CUDA=ON \
-  -DIOATTN_CUDA_ARCHITECTURES=90a -DIOATTN_THREADING=openmp -DIOATTN_SANITIZE= -DIOATTN_BUILD_TESTS=ON \
+  -DIOATTN_CUDA_ARCHITECTURES=90a -DIOATTN_SM90=ON -DIOATTN_THREADING=openmp -DIOATTN_SANITIZE= -DIOATTN_BUILD_TESTS=ON \
   -DIOATTN_BUILD_BENCH=ON -DIOATTN_FUZZ=OFF -DCMAKE_PREFIX_PATH="$prefix/usr" \
   -DBLAS_LIBRARIES="$libdir/openblas-pthread/libopenblas.so" >"$OUT/build.txt" 2>&1
 rc=$?
@@ -177,7 +179,10 @@ if [[ " $steps " == *" python "* ]]; then
   # extension (-DIOATTN_PYTHON=ON, one more target), nanobind and pytest come from .deps/wheels.
   echo "== Python suite (torch $(python3 -c 'import torch; print(torch.__version__)' 2>&1))"
   pyw=/tmp/ioattn-pywheels
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$pyw" "$root"/.deps/wheels/*.whl \
+  # The CUTLASS wheel only carries the kernels' headers (scripts/cutlass_headers.sh), no package.
+  wheels=()
+  for w in "$root"/.deps/wheels/*.whl; do [[ $w == */nvidia_cutlass-* ]] || wheels+=("$w"); done
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$pyw" "${wheels[@]}" \
     >"$OUT/python_test.txt" 2>&1
   export PYTHONPATH="$pyw${PYTHONPATH:+:$PYTHONPATH}"
   { cmake -S "$root" -B "$build" -DIOATTN_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" &&

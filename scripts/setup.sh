@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs what ioattn needs from Debian 12's packages (only what is missing), as root; with
-# arguments, those packages instead (scripts/ci_arm.sh's cross toolchain).
+# Installs what ioattn needs from Debian 12's packages (only what is missing), as root, and the
+# pinned CUTLASS headers the sm_90a kernels build on (scripts/cutlass_headers.sh, into .deps/);
+# with arguments, those packages instead (scripts/ci_arm.sh's cross toolchain).
 set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config libhwy-dev libtbb-dev catch2 libbenchmark-dev
-          libopenblas-dev nlohmann-json3-dev)
+          libopenblas-dev nlohmann-json3-dev python3-pip)
 if (($#)); then
   packages=("$@")
 fi
@@ -16,4 +17,7 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+if ((!$#)); then
+  "$(dirname "$0")/cutlass_headers.sh"
 fi

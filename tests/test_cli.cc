@@ -316,9 +316,12 @@ TEST_CASE("cli: plan --json for zen3 and h200-sxm, 16 heads x 128 over 4096 toke
   CHECK(gpu["hardware"] == "h200-sxm");
   CHECK(gpu["backend"] == "cuda");
   // The GPU plan is the constexpr tile the CUDA kernels are instantiated from.
-  constexpr GpuTile tile = gpu_tile(128);
+  // An H200 is compute capability 9.0: its prefill plan is the sm_90a kernel's tile.
+  constexpr GpuTileSm90 tile = gpu_tile_sm90(128);
+  CHECK(gpu["kernel"] == "sm90");
   CHECK(gpu["block_q"].get<int>() == tile.block_q);
   CHECK(gpu["block_kv"].get<int>() == tile.block_kv);
+  CHECK(gpu["stages"].get<int>() == tile.stages);
   CHECK(gpu["target_level"] == "smem");
   CHECK(gpu["working_set_bytes"].get<int64_t>() <= gpu["target_level_bytes"].get<int64_t>());
   CHECK(gpu["workers"].get<int>() > 1);

@@ -221,6 +221,19 @@ TEST_CASE("GPU plans take their tile from the constexpr table") {
       CHECK(plan.ctas_per_sm >= 1);
       CHECK(plan.workers <= hw.cores * plan.ctas_per_sm);
       const bool decode = gpu_decode_rows(pr.heads_q / pr.heads_kv, pr.seqlen_q);
+      // Hopper profiles plan the sm_90a prefill for the head dims its table holds.
+      const GpuTileSm90 h = gpu_tile_sm90(int(pr.head_dim));
+      if (!decode && hw.compute_capability == 90 && h.supported && pr.head_dim == pr.head_dim_v) {
+        CHECK(plan.kernel == "sm90");
+        CHECK(plan.block_q == h.block_q);
+        CHECK(plan.block_kv == h.block_kv);
+        CHECK(plan.warps == 4 * (h.consumer_wgs + 1));
+        CHECK(plan.stages == h.stages);
+        CHECK(plan.working_set_bytes == gpu_tile_sm90_smem_bytes(h, int(pr.head_dim)));
+        CHECK(plan.ctas_per_sm == 1);
+        continue;
+      }
+      if (plan.supported) CHECK(plan.kernel == (decode ? "decode" : "sm80"));
       const GpuTile t = decode ? gpu_decode_tile(int(pr.head_dim)) : gpu_tile(int(pr.head_dim));
       if (plan.supported) {
         REQUIRE(t.supported);
@@ -248,7 +261,18 @@ TEST_CASE("GPU plans take their tile from the constexpr table") {
 
 TEST_CASE("hand-checked GPU plans: residency and flash-decoding splits") {
   const HardwareProfile h200 = profile("h200-sxm");
-  const Plan p = plan_gpu(make_problem(16, 16, 4096, 4096, 128, DType::bf16), h200);
+  // The sm_90a prefill: 32 + 2 x 2 x 32 KiB of tiles + 2 KiB, one CTA of 384 threads per SM.
+  const Plan hopper = plan_gpu(make_problem(16, 16, 4096, 4096, 128, DType::bf16), h200);
+  CHECK(hopper.kernel == "sm90");
+  CHECK(hopper.working_set_bytes == 162 * 1024);
+  CHECK(hopper.warps == 12);
+  CHECK(hopper.ctas_per_sm == 1);
+  CHECK(hopper.work_items == 16 * (4096 / 128));
+  // The sm_80 kernel's residency on the same chip (a profile that is not compute capability 9.0).
+  HardwareProfile sm80 = h200;
+  sm80.compute_capability = 80;
+  const Plan p = plan_gpu(make_problem(16, 16, 4096, 4096, 128, DType::bf16), sm80);
+  CHECK(p.kernel == "sm80");
   const GpuTile t = gpu_tile(128);
   const int64_t smem = gpu_tile_smem_bytes(t, 128);
   // Resident CTAs per SM: shared memory (228 KiB / (tile + 1 KiB reserved)) and registers

@@ -48,6 +48,7 @@ json plan_json(const Plan& p) {
             {"units", p.units},
             {"rows_per_unit", p.rows_per_unit},
             {"ctas_per_sm", p.ctas_per_sm}};
+  if (p.backend == BackendKind::cuda) j["kernel"] = p.kernel;
   if (p.backend == BackendKind::cpu) {
     j["decode_prefetch_blocks"] = p.decode_prefetch_blocks;
     j["calibrated"] = p.calibrated;
@@ -99,8 +100,8 @@ std::string plan_text(const Plan& p, const HardwareProfile& hw) {
   if (p.backend == BackendKind::cpu) {
     os << "\nregister tile   " << p.reg_rows << " rows x " << p.reg_cols << " columns";
   } else {
-    os << "\nCTA             " << p.warps << " warps, " << p.stages << " pipeline stages, " << p.ctas_per_sm
-       << " resident per SM";
+    os << "\nkernel          " << p.kernel << "\nCTA             " << p.warps << " warps, " << p.stages
+       << " pipeline stages, " << p.ctas_per_sm << " resident per SM";
   }
   os << "\nkv splits       " << p.kv_splits << "\nworkers         " << p.workers << " (" << p.work_items
      << " work items)\nworking set     " << human_bytes(double(p.working_set_bytes)) << " (" << p.working_set_bytes

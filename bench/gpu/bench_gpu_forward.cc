@@ -3,7 +3,10 @@
 // FlashAttention's convention, 4 * B * H * S^2 * D, halved under a causal mask, so the figures
 // compare directly with the peers' in compare.py. Each configuration: fresh random inputs,
 // 5 warm-up launches, the median of 30 launches timed with CUDA events, and 4 output rows
-// checked against an fp64 recomputation. One JSON object per line on stdout.
+// checked against an fp64 recomputation. One JSON object per line on stdout. --kernel sm80 times
+// the sm_80 kernel through its launcher even where dispatch picks another (the sm_90a kernel on
+// Hopper), so one run puts both beside each other.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include "common/dtype.h"
 #include "common/params.h"
 #include "gpu/gpu_backend.h"
+#include "gpu/sm80/launch.h"
 
 namespace {
 
@@ -41,16 +45,28 @@ double check_rows(const std::vector<uint16_t>& q, const std::vector<uint16_t>& k
   return worst;
 }
 
+// One call: through dispatch, or straight into the sm_80 kernel's launcher.
+ioattn::Status run_forward(const ioattn::AttnParams& p, bool sm80) {
+  if (!sm80) return ioattn::gpu::forward(p);
+  const cudaError_t err = p.head_dim == 64 ? ioattn::gpu::sm80::launch_flash_fwd<__nv_bfloat16, 64>(p)
+                                           : ioattn::gpu::sm80::launch_flash_fwd<__nv_bfloat16, 128>(p);
+  return err == cudaSuccess ? ioattn::Status::ok() : ioattn::Status::backend(cudaGetErrorString(err));
+}
+
 }  // namespace
 
 // usage: bench_gpu_forward [--max-seqlen N] [--seqlen N] [--head-dim D] [--causal 0|1] [--iters N]
+//                          [--kernel auto|sm80]
 // (--seqlen, --head-dim and --causal pick one configuration, e.g. for ncu).
 int main(int argc, char** argv) {
   int64_t max_seqlen = 16384, only_seqlen = 0, only_dim = 0, only_causal = -1, iters = 30;
+  bool sm80 = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const int64_t value = std::atoll(argv[i + 1]);
-    if (flag == "--max-seqlen")
+    if (flag == "--kernel" && (std::strcmp(argv[i + 1], "sm80") == 0 || std::strcmp(argv[i + 1], "auto") == 0))
+      sm80 = std::strcmp(argv[i + 1], "sm80") == 0;
+    else if (flag == "--max-seqlen")
       max_seqlen = value;
     else if (flag == "--seqlen")
       only_seqlen = value;
@@ -104,7 +120,7 @@ int main(int argc, char** argv) {
         std::vector<float> ms;
         for (int64_t it = 0; it < iters + 5; ++it) {
           cudaEventRecord(start);
-          const ioattn::Status st = ioattn::gpu::forward(p);
+          const ioattn::Status st = run_forward(p, sm80);
           cudaEventRecord(stop);
           if (!st.is_ok()) {
             std::fprintf(stderr, "forward failed: %s\n", st.message.c_str());
@@ -125,10 +141,10 @@ int main(int argc, char** argv) {
         const bool ok = err < 5e-3;
         failures += !ok;
         std::printf(
-            "{\"impl\": \"ioattn\", \"head_dim\": %lld, \"seqlen\": %lld, \"batch\": %lld, \"heads\": %lld, "
+            "{\"impl\": \"%s\", \"head_dim\": %lld, \"seqlen\": %lld, \"batch\": %lld, \"heads\": %lld, "
             "\"causal\": %s, \"ms\": %.4f, \"tflops\": %.1f, \"max_err\": %.2e, \"check\": \"%s\"}\n",
-            (long long)d, (long long)s, (long long)b, (long long)h, causal ? "true" : "false", median,
-            flops / median * 1e-9, err, ok ? "ok" : "FAIL");
+            sm80 ? "ioattn-sm80" : "ioattn", (long long)d, (long long)s, (long long)b, (long long)h,
+            causal ? "true" : "false", median, flops / median * 1e-9, err, ok ? "ok" : "FAIL");
         std::fflush(stdout);
       }
     }

@@ -22,6 +22,7 @@
 #include "common/masking.h"
 #include "common/online_softmax.h"
 #include "common/params.h"
+#include "gpu/score_rows.cuh"
 #include "gpu/sm80/launch.h"
 #include "gpu/sm80/primitives.cuh"
 
@@ -100,100 +101,6 @@ __device__ __forceinline__ void load_tile_strided(Elem* smem, const Elem* base, 
     }
   } else {
     load_tile<D, Threads, Rows>(smem, base, valid_rows, [&](int r) { return int64_t(r) * stride; });
-  }
-}
-
-// Pairwise reduction of a register array; the order is fixed, so results stay bitwise
-// reproducible.
-template <int N, class Op>
-__device__ __forceinline__ float tree_reduce(float (&x)[N], Op op) {
-  static_assert((N & (N - 1)) == 0, "power of two");
-  // Both loops have constant trip counts, so they unroll fully and x stays in registers.
-#pragma unroll
-  for (int width = N / 2; width >= 1; width /= 2)
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i)
-      if (i < width) x[i] = op(x[i], x[i + width]);
-  return x[0];
-}
-
-// f on every element of a register array of any rank, in index order.
-template <class F>
-__device__ __forceinline__ void for_each_score(float& x, F f) {
-  f(x);
-}
-template <class T, int N, class F>
-__device__ __forceinline__ void for_each_score(T (&a)[N], F f) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) for_each_score(a[i], f);
-}
-
-// Scores enter the exponent in the log2 domain: x = s * scale * log2(e), or with softcap
-// c * log2(e) * tanh(s * scale / c). The running max m is kept in that domain, rounded exactly
-// as the scores are, so the row's largest score gives exp2(x - m) = 1. With a positive scale
-// and no softcap the raw scores are not transformed: max(s) * k rounds to the max of the
-// rounded products (rounding is monotone), and the exponent is one FFMA, exp2(s * k - m).
-// Its argument then carries the rounding error of s * k, below ulp(m) / 2: harmless while
-// |m| < 2^22 (error <= 1/4), but at logits ~1e11 (q = k = v = 133120, pytorch issue 121558)
-// it is thousands and exp2 overflows, so such warps take the two-step form.
-struct ScoreMode {
-  static constexpr float kFusedLimit = 4194304.f;  // 2^22
-  bool softcap, fused;
-  float score_mul, softcap_log2;
-
-  __device__ __forceinline__ explicit ScoreMode(const AttnParams& p)
-      : softcap(p.softcap > 0.f),
-        fused(!softcap && p.scale > 0.f),
-        score_mul(softcap ? p.scale / p.softcap : p.scale * softmax::kLog2e),
-        softcap_log2(p.softcap * softmax::kLog2e) {}
-
-  // Takes the raw scores s into the log2 domain, or leaves them raw for the fused exponent;
-  // returns the factor k that the max and the exponent still apply to them.
-  template <class Scores>
-  __device__ __forceinline__ float to_log2(Scores& s, bool use_softcap, bool use_fused) const {
-    const float mul = score_mul, cap = softcap_log2;
-    if (use_softcap)
-      for_each_score(s, [mul, cap](float& x) { x = cap * tanhf(x * mul); });
-    else if (!use_fused)
-      for_each_score(s, [mul](float& x) { x *= mul; });
-    return use_fused ? score_mul : 1.f;
-  }
-};
-
-// The quad of lanes sharing a fragment row (lanes 4g .. 4g + 3) combines its values.
-__device__ __forceinline__ float quad_max(float m) {
-  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-  return m;
-}
-__device__ __forceinline__ float quad_sum(float l) {
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
-  return l;
-}
-
-// Sets to -inf the scores of C-fragment row g + 8 hr (lane t of its quad) whose tile column is
-// outside [lo, hi).
-template <int NT>
-__device__ __forceinline__ void mask_outside(float (&s)[NT][4], int hr, int t, int lo, int hi) {
-#pragma unroll
-  for (int n = 0; n < NT; ++n)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int col = n * 8 + 2 * t + e;
-      if (col < lo || col >= hi) s[n][2 * hr + e] = softmax::neg_inf();
-    }
-}
-
-// Multiplies the accumulator rows g (c0, c1) and g + 8 (c2, c3) by their factors.
-template <int OT>
-__device__ __forceinline__ void rescale_rows(float (&o)[OT][4], const float (&factor)[2]) {
-#pragma unroll
-  for (int d = 0; d < OT; ++d) {
-    o[d][0] *= factor[0];
-    o[d][1] *= factor[0];
-    o[d][2] *= factor[1];
-    o[d][3] *= factor[1];
   }
 }
 

@@ -1,0 +1,12 @@
+// One kernel per translation unit keeps nvcc's per-job time and memory bounded.
+#include "gpu/sm90/flash_fwd.cuh"
+
+namespace ioattn::gpu::sm90 {
+
+template <>
+cudaError_t launch_flash_fwd<__nv_bfloat16, 64>(const AttnParams& p) {
+  // block_q, block_kv, consumer warpgroups, stages: checked against gpu_tile_sm90(64) inside launch_tile.
+  return launch_tile<__nv_bfloat16, 64, 128, 128, 2, 3>(p);
+}
+
+}  // namespace ioattn::gpu::sm90

@@ -1,0 +1,75 @@
+// FlashAttention forward for sm_90a, warp-specialized: one CTA per (query block, head, sequence)
+// of (consumer_wgs + 1) warpgroups. Warpgroup 0 produces: one thread issues the TMA copies of the
+// Q tile and of the K/V tiles into a `stages`-deep ring of swizzled shared buffers, each
+// completing on an mbarrier. The other warpgroups consume: each owns 64 query rows, runs
+// S = Q K^T and O += P V on wgmma with P kept in registers, and the online softmax between them
+// (gpu/sm90/consumer.cuh). setmaxnreg moves the producer's registers to the consumers.
+//
+// Included only by the per-(head dim, dtype) translation units (gpu/fwd_sm90_*.cu), which CMake
+// compiles for sm_90a alone.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "common/gpu_tiles.h"
+#include "common/params.h"
+#include "gpu/sm90/consumer.cuh"
+#include "gpu/sm90/kernel_traits.cuh"
+#include "gpu/sm90/launch.h"
+#include "gpu/sm90/pipeline.cuh"
+
+namespace ioattn::gpu::sm90 {
+
+// One CTA per SM: the producer's and consumers' registers fill the file (kernel_traits.cuh).
+// The register cap of __launch_bounds__(threads, 1) is what lets setmaxnreg take effect.
+template <class Elem, class Kt, class TmaQ, class TmaK, class TmaV>
+__global__ void __launch_bounds__(Kt::threads, 1)
+    flash_fwd_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ TmaQ tma_q,
+                     const __grid_constant__ TmaK tma_k, const __grid_constant__ TmaV tma_v) {
+  extern __shared__ unsigned char smem_raw[];
+  // The swizzle that TMA writes and wgmma reads repeats every 1 KiB of shared address space; the
+  // allocation carries the slack to align to it.
+  const uintptr_t base = reinterpret_cast<uintptr_t>(smem_raw);
+  auto& st = *reinterpret_cast<typename Kt::Storage*>((base + 1023) & ~uintptr_t(1023));
+  const int warp = int(threadIdx.x) / 32;
+  if (warp == 0 && cute::elect_one_sync()) {
+    init_barriers<Kt>(st);
+    cute::prefetch_tma_descriptor(tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(tma_v.get_tma_descriptor());
+  }
+  __syncthreads();
+
+  const CtaWork<Kt> w(p);
+  if (warp < 4) {
+    cutlass::arch::warpgroup_reg_dealloc<Kt::producer_regs>();
+    if (warp == 0 && cute::elect_one_sync()) produce<Kt>(p, w, st, tma_q, tma_k, tma_v);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Kt::consumer_regs>();
+    const Consumer<Elem, Kt> consumer(p, w);
+    consumer.run(p, w, st);
+  }
+}
+
+// Host side of one instantiation: the tile literals are the instantiation unit's, asserted equal
+// to the planner's table. The caller has checked the shared memory against the device and the
+// strides against what a TMA descriptor can address.
+template <class Elem, int D, int BlockQ, int BlockKv, int ConsumerWgs, int Stages>
+cudaError_t launch_tile(const AttnParams& p) {
+  using Kt = FwdTraits<Elem, D, BlockQ, BlockKv, ConsumerWgs, Stages>;
+  static_assert(Kt::matches(gpu_tile_sm90(D)), "instantiated tile differs from gpu_tile_sm90(D), the planner's table");
+  static_assert(Kt::smem_bytes == flash_fwd_smem_bytes(D), "shared-memory size disagrees with the table");
+  const auto tma_q = make_tma_q<Kt, Elem>(p);
+  const auto tma_k = make_tma_k<Kt, Elem>(p);
+  const auto tma_v = make_tma_v<Kt, Elem>(p);
+  auto kernel = flash_fwd_kernel<Elem, Kt, decltype(tma_q), decltype(tma_k), decltype(tma_v)>;
+  // Per call rather than once: the attribute belongs to the current device's context.
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Kt::smem_bytes));
+  if (err != cudaSuccess) return err;
+  const dim3 grid(unsigned((p.seqlen_q + BlockQ - 1) / BlockQ), unsigned(p.heads_q), unsigned(p.batch));
+  kernel<<<grid, Kt::threads, Kt::smem_bytes, static_cast<cudaStream_t>(p.stream)>>>(p, tma_q, tma_k, tma_v);
+  return cudaGetLastError();
+}
+
+}  // namespace ioattn::gpu::sm90

@@ -1,0 +1,25 @@
+// Entry points of the sm_90a flash forward, one explicit specialization per (storage type, head
+// dim) in its own translation unit (gpu/fwd_sm90_d<D>_<type>.cu), compiled for sm_90a only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/gpu_tiles.h"
+#include "common/params.h"
+
+namespace ioattn::gpu::sm90 {
+
+// Shared memory the head dim's tile needs, from the table: what the dispatcher compares with the
+// device's opt-in limit before choosing this path.
+constexpr int64_t flash_fwd_smem_bytes(int head_dim) {
+  return gpu_tile_sm90_smem_bytes(gpu_tile_sm90(head_dim), head_dim);
+}
+
+// Launches on p.stream; returns the first error of the TMA descriptors, the attribute or the
+// launch. Elem is __half or __nv_bfloat16.
+template <class Elem, int D>
+cudaError_t launch_flash_fwd(const AttnParams& p);
+
+}  // namespace ioattn::gpu::sm90
