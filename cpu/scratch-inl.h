@@ -52,7 +52,7 @@ enum Region {
 
 struct Scratch {
   float* qt;
-  float* qrow;
+  float* qrow;   // Q rows of one panel, [lanes][D], before PrepareTile transposes them into qt
   float* kpack;  // the block being computed: K rows [key][D] and V panels (panel stride vstride)
   float* vpack;
   int64_t vstride;
@@ -116,7 +116,7 @@ Geometry MakeGeometry(const AttnParams& p, const Plan& plan, bool head_mode, int
   const size_t rows = size_t(g.mp_max), bk = size_t(g.block_kv);
   size_t bytes[kRegions] = {};
   bytes[kQt] = rows * size_t(g.D) * f;
-  bytes[kQrow] = size_t(g.D) * f;
+  bytes[kQrow] = size_t(kLanes) * size_t(g.D) * f;
   const bool packs = !head_mode && !g.decode;
   bytes[kK0] = bytes[kK1] = packs ? bk * size_t(g.D) * f : 0;
   bytes[kV0] = bytes[kV1] = packs ? bk * size_t(g.Dvq) * f : 0;
@@ -198,35 +198,39 @@ Tile MakeTile(const AttnParams& p, const Geometry& g, int64_t b, int64_t hk, int
 int64_t QueryBlocks(const Geometry& g, const SeqSpan& s) { return (s.seqlen_q + g.pos_per_tile - 1) / g.pos_per_tile; }
 
 // Packs Q^T and the rows' visible ranges; returns the union [u0, u1) and the block count.
-// decode: Q row-major ([row][D], for the decode path) instead of in Q^T panels.
+// decode: Q row-major ([row][D], for the decode path) instead of in Q^T panels. A panel's rows
+// are converted into w.qrow first and then transposed a d at a time, one gather and one full
+// store each: storing each row's elements straight into the panel wrote one float per cache
+// line, 128 partial lines per row, and cost more than the row's conversion.
 void PrepareTile(const AttnParams& p, const Geometry& g, const Tile& t, const Scratch& w, bool decode, int64_t* u0,
                  int64_t* u1, int64_t* nb) {
   *u0 = std::numeric_limits<int64_t>::max();
   *u1 = std::numeric_limits<int64_t>::min();
-  float* row = w.qrow;
-  for (int64_t r = 0; r < t.mp; ++r) {
-    float* panel = w.qt + (r / kLanes) * g.D * kLanes + r % kLanes;
-    if (r >= t.rows) {
-      if (!decode)
-        for (int64_t d = 0; d < g.D; ++d) panel[d * kLanes] = 0.f;
-      w.row_lo[r] = w.row_hi[r] = 0;
-      continue;
-    }
-    const int64_t pos = t.pos0 + r / g.G, h = t.hk * g.G + r % g.G;
-    if (decode) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const auto row_starts = hn::Mul(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(g.D)));
+  for (int64_t r0 = 0; r0 < t.mp; r0 += kLanes) {
+    for (int64_t r = r0; r < r0 + kLanes; ++r) {
+      float* row = decode ? w.qrow : w.qrow + (r - r0) * g.D;
+      if (r >= t.rows) {
+        if (!decode) std::fill(row, row + g.D, 0.f);
+        w.row_lo[r] = w.row_hi[r] = 0;
+        continue;
+      }
+      const int64_t pos = t.pos0 + r / g.G, h = t.hk * g.G + r % g.G;
       RowToF32(p.q, q_offset(p, t.b, t.seq, pos, h), p.io_dtype, g.D, row);
-      DecodeQ(row, r, g.D, w.qt);
-    } else {
-      RowToF32(p.q, q_offset(p, t.b, t.seq, pos, h), p.io_dtype, g.D, row);
-      for (int64_t d = 0; d < g.D; ++d) panel[d * kLanes] = row[d];
+      if (decode) DecodeQ(row, r, g.D, w.qt);
+      const KeyRange keys = visible_keys(p, t.seq, pos);
+      w.row_lo[r] = keys.begin;
+      w.row_hi[r] = keys.end;
+      if (keys.end > keys.begin) {
+        *u0 = std::min(*u0, keys.begin);
+        *u1 = std::max(*u1, keys.end);
+      }
     }
-    const KeyRange keys = visible_keys(p, t.seq, pos);
-    w.row_lo[r] = keys.begin;
-    w.row_hi[r] = keys.end;
-    if (keys.end > keys.begin) {
-      *u0 = std::min(*u0, keys.begin);
-      *u1 = std::max(*u1, keys.end);
-    }
+    if (decode) continue;
+    float* panel = w.qt + r0 * g.D;
+    for (int64_t d = 0; d < g.D; ++d) hn::Store(hn::GatherIndex(df, w.qrow + d, row_starts), df, panel + d * kLanes);
   }
   *nb = *u1 > *u0 ? (*u1 - *u0 + g.block_kv - 1) / g.block_kv : 0;
 }

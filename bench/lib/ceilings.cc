@@ -208,6 +208,17 @@ CoreFma core_fma(int vector_bits) {
     if (out.fma_per_cycle == 0) out.core += " (no FMA at this width)";
     break;
   }
+  // A hypervisor may report a client model number for a server core (a 2-vCPU KVM guest on an
+  // Emerald Rapids host reads model 0xA7, Rocket Lake, which has one 512-bit FMA unit): AMX
+  // exists only on the Sapphire Rapids class of server cores, which have two.
+  std::string flags = " ";
+  flags += cpuinfo_field("flags");
+  flags += ' ';
+  if (vendor == "GenuineIntel" && vector_bits > 256 && out.fma_per_cycle == 1 &&
+      flags.find(" amx_tile ") != std::string::npos) {
+    out.core += " as reported; AMX says a Sapphire Rapids class server core";
+    out.fma_per_cycle = 2;
+  }
   return out;
 }
 
