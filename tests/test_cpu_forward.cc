@@ -196,10 +196,10 @@ TEST_CASE("every built-in CPU profile's plan: prefill, decode and split shapes, 
     bool causal;
     DType dtype;
   };
-  const std::vector<Shape> shapes = {{4, 2, 300, 700, 128, true, DType::f32},
-                                     {2, 2, 161, 1500, 64, false, DType::bf16},
-                                     {8, 2, 1, 20000, 128, false, DType::f16},
-                                     {16, 4, 3, 4100, 96, true, DType::bf16},
+  const std::vector<Shape> shapes = {{4, 2, 150, 500, 128, true, DType::f32},
+                                     {2, 2, 97, 1100, 64, false, DType::bf16},
+                                     {8, 2, 1, 12000, 128, false, DType::f16},
+                                     {8, 2, 3, 4100, 96, true, DType::bf16},
                                      {2, 1, 150, 257, 256, false, DType::f16}};
   std::vector<const ioattn::HardwareProfile*> profiles = {nullptr};  // the host's own plan too
   for (const ioattn::HardwareProfile& hw : ioattn::test::cpu_profiles()) profiles.push_back(&hw);
@@ -234,7 +234,7 @@ TEST_CASE("every built-in CPU profile's plan: prefill, decode and split shapes, 
       }
     }
     INFO("D " << s.d << ", Sq " << s.sq << ", Sk " << s.sk);
-    CHECK(plans.size() >= 4);
+    CHECK(plans.size() >= 12);  // at least half of the 24 runs plan differently
   }
 }
 
