@@ -142,7 +142,9 @@ Verdict run_random_case(const AttnCase& c, uint32_t seed, Status* status, float 
 // Relative size of one ulp at magnitude 1 in a storage dtype: 2^-23, 2^-10, 2^-7.
 double dtype_epsilon(DType t);
 
-// Every Highway target compiled into this binary that the CPU supports.
+// Every Highway target compiled into this binary that the CPU supports, or those that
+// IOATTN_TEST_TARGETS names (space-separated, e.g. "SVE_256"): a run under an emulated vector
+// length then skips the targets another run already covers. A name not among them fails.
 std::vector<int64_t> compiled_targets();
 std::string target_name(int64_t target);
 
