@@ -21,6 +21,10 @@
 #   IOATTN_SANITIZE_PARALLEL=1          run all sanitizer runs at once (one GPU, many processes)
 #   IOATTN_CPU_TESTS="test_cpu_forward test_cpu_edge test_cpu_decode test_inference_cpu test_cpu_threads"
 #   IOATTN_MAX_SEQLEN=16384             longest benchmark sequence
+#   IOATTN_BUILD_TARGETS="..."          build only these targets (default: every one); for a call
+#                                       that must fit the last device minutes, e.g. the GPU tests
+#   IOATTN_TREE="<hash> + ..."          what the copied working tree holds, for device.txt: the
+#                                       machine's copy of .git may not be this checkout's
 #
 # The ctest step runs every test except those the test and cpu steps run themselves (with their
 # own logs and timings) when those steps are selected, so no test runs twice.
@@ -66,8 +70,10 @@ catch2_dir=$(sed -n 's/^Catch2_DIR:PATH=//p' "$build/CMakeCache.txt")
 grep -q 'PACKAGE_VERSION "3\.' "$catch2_dir/Catch2ConfigVersion.cmake" 2>/dev/null ||
   { echo "gpu_run: CMake found no Catch2 3 (Catch2_DIR=$catch2_dir)" >&2; exit 1; }
 echo "Catch2: $catch2_dir" | tee -a "$OUT/build.txt"
-# Every target: the tests, the tools and the benchmarks, not only those the steps below run.
-ninja -C "$build" >>"$OUT/build.txt" 2>&1
+# Every target by default: the tests, the tools and the benchmarks, not only those the steps
+# below run.
+# shellcheck disable=SC2086 # one target per word
+ninja -C "$build" ${IOATTN_BUILD_TARGETS:-} >>"$OUT/build.txt" 2>&1
 rc=$?
 tail -5 "$OUT/build.txt"
 [[ $rc -eq 0 ]] || { echo "gpu_run: build failed (exit $rc), see $OUT/build.txt" >&2; exit 1; }
@@ -75,7 +81,11 @@ test_dir=$build/tests
 bench_bin=$build/bench/gpu/bench_gpu_forward
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/device.txt"
-git -C "$root" log -1 --format='commit %H %cd' 2>/dev/null | tee -a "$OUT/device.txt"
+if [[ -n "${IOATTN_TREE:-}" ]]; then
+  echo "tree $IOATTN_TREE" | tee -a "$OUT/device.txt"
+else
+  git -C "$root" log -1 --format='commit %H %cd' 2>/dev/null | tee -a "$OUT/device.txt"
+fi
 
 if [[ " $steps " == *" ctest "* ]]; then
   echo "== ctest"
