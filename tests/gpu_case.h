@@ -81,6 +81,28 @@ struct Case {
   int64_t dv() const { return head_dim_v < 0 ? head_dim : head_dim_v; }
 };
 
+// One case of the suites' head-dim x dtype x lengths x mask grids: batch 2, two query heads on one
+// kv head; mask 0 is none, 1 causal, 2 a window drawn from the seed (left below left_mod, right
+// below right_mod), so each suite picks windows narrow or wide against its tiles.
+inline Case grid_case(int64_t head_dim, DType dtype, int64_t seqlen_q, int64_t seqlen_k, int mask, uint32_t seed,
+                      uint32_t left_mod, uint32_t right_mod) {
+  Case c;
+  c.head_dim = head_dim;
+  c.dtype = dtype;
+  c.seqlen_q = seqlen_q;
+  c.seqlen_k = seqlen_k;
+  c.batch = 2;
+  c.heads_q = 2;
+  c.heads_kv = 1;
+  c.causal = mask == 1;
+  if (mask == 2) {
+    c.window_left = int64_t(seed % left_mod);
+    c.window_right = int64_t(seed % right_mod);
+  }
+  c.seed = seed;
+  return c;
+}
+
 #define CUDA_OK(expr) REQUIRE((expr) == cudaSuccess)
 
 // Host storage of one tensor in its dtype, plus its device copy surrounded by guard bytes that

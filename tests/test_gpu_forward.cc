@@ -38,23 +38,7 @@ TEST_CASE("CUDA forward matches the fp64 oracle: lengths, head dims, dtypes, mas
   for (const int64_t d : dims)
     for (const DType t : types)
       for (const Lengths& len : lengths)
-        for (const int mask : {0, 1, 2}) {
-          Case c;
-          c.head_dim = d;
-          c.dtype = t;
-          c.seqlen_q = len.sq;
-          c.seqlen_k = len.sk;
-          c.batch = 2;
-          c.heads_q = 2;
-          c.heads_kv = 1;
-          c.causal = mask == 1;
-          if (mask == 2) {  // a window drawn per case, both sides bounded
-            c.window_left = int64_t(seed % 37);
-            c.window_right = int64_t(seed % 11);
-          }
-          c.seed = seed++;
-          check_case(c);
-        }
+        for (const int mask : {0, 1, 2}) check_case(grid_case(d, t, len.sq, len.sk, mask, seed++, 37, 11));
 }
 
 TEST_CASE("CUDA forward: longer sequences cross many key blocks and the peeled masks", "[gpu]") {

@@ -69,23 +69,7 @@ TEST_CASE("sm_90a forward matches the fp64 oracle: head dims, dtypes, masks, odd
   for (const int64_t d : {64, 128})
     for (const DType t : types)
       for (const Lengths& len : lengths)
-        for (const int mask : {0, 1, 2}) {
-          Case c;
-          c.head_dim = d;
-          c.dtype = t;
-          c.seqlen_q = len.sq;
-          c.seqlen_k = len.sk;
-          c.batch = 2;
-          c.heads_q = 2;
-          c.heads_kv = 1;
-          c.causal = mask == 1;
-          if (mask == 2) {  // a window drawn per case, both sides bounded
-            c.window_left = int64_t(seed % 151);
-            c.window_right = int64_t(seed % 23);
-          }
-          c.seed = seed++;
-          check_sm90(c);
-        }
+        for (const int mask : {0, 1, 2}) check_sm90(grid_case(d, t, len.sq, len.sk, mask, seed++, 151, 23));
 }
 
 TEST_CASE("sm_90a forward: long sequences wrap the K/V pipeline many times", "[gpu][sm90]") {
