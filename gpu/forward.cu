@@ -113,12 +113,6 @@ Path choose_path(const AttnParams& p, int cc_major, int cc_minor, int smem_optin
   return Path::portable;
 }
 
-// Everything that can fail without touching memory (device queries, the decode kernel's
-// attribute, the decode scratch, the buffer for the overwritten cache slots) happens before the
-// append writes the cache. A failure after it (a launch, or the prefill kernel's attribute, set by
-// its launcher) puts the saved slots back before returning, so a failed call leaves the cache as
-// it was; only if that restore cannot be launched either does the message say the cache holds
-// the new rows.
 // The current device's figures that choose_path reads.
 struct DeviceFacts {
   int smem_optin = 0, cc_major = 0, cc_minor = 0;
@@ -133,6 +127,12 @@ cudaError_t query_facts(DeviceFacts* f) {
   return err;
 }
 
+// Everything that can fail without touching memory (device queries, the decode kernel's
+// attribute, the decode scratch, the buffer for the overwritten cache slots) happens before the
+// append writes the cache. A failure after it (a launch, or the prefill kernel's attribute, set by
+// its launcher) puts the saved slots back before returning, so a failed call leaves the cache as
+// it was; only if that restore cannot be launched either does the message say the cache holds
+// the new rows.
 Status run(const AttnParams& p, const KvAppend* append) {
   Status s = check_supported(p);
   if (!s.is_ok()) return s;
