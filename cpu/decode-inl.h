@@ -59,6 +59,27 @@ template <class D>
 hn::Vec<D> PairSums(D d, hn::Vec<D> a, hn::Vec<D> b);
 #endif
 
+// Level `level` of the transposed reduction (0 pairs the sums of single keys). PairSums costs two
+// lane-crossing permutes per pair on AVX2, 14 per row and 8 keys beside the step's 32 FMAs per key
+// and row. There the first two levels stay inside 128-bit blocks (unpacks of 32-bit, then 64-bit
+// lanes, which leave each block as [k0 k1 k2 k3] of its half of D) and only the last crosses
+// them, 2 permutes per row and 8 keys; lane i is still the sum of vector i.
+template <int level, class D>
+HWY_INLINE hn::Vec<D> Fold(D d, hn::Vec<D> a, hn::Vec<D> b) {
+#if HWY_TARGET == HWY_AVX2
+  static_assert(hn::MaxLanes(D()) == 8 && level < 3, "three levels fold the 8 lanes of two blocks");
+  if constexpr (level == 0) return hn::Add(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b));
+  if constexpr (level == 1) {
+    const hn::Repartition<double, D> dd;
+    const auto a2 = hn::BitCast(dd, a), b2 = hn::BitCast(dd, b);
+    return hn::Add(hn::BitCast(d, hn::InterleaveLower(dd, a2, b2)), hn::BitCast(d, hn::InterleaveUpper(dd, a2, b2)));
+  }
+  return hn::Add(hn::ConcatLowerLower(d, b, a), hn::ConcatUpperUpper(d, b, a));
+#else
+  return PairSums(d, a, b);
+#endif
+}
+
 // Software prefetch of a later softmax block: a head's K and V rows of block n + prefetch_blocks
 // (the plan's distance, 1 unless a calibration measured better; 32 x 512 bytes at D = 128 in f16)
 // are requested while the same head computes block n, a few lines per inner step of the score
@@ -97,14 +118,25 @@ HWY_INLINE void LoadWideRow(const T* p, int64_t stride, VF& x0, VF& x1, VF& x2, 
   x3 = C > 3 ? LoadWide(p + 3 * stride) : hn::Zero(df);
 }
 
-// A row's kStepKeys accumulators folded to one vector: lane i sums key i's dot product (a
-// transposed reduction, PairSums level by level).
+// A row's kStepKeys accumulators folded to one vector: lane i sums key i's dot product (the
+// first kStepLevels levels of the transposed reduction).
+constexpr int kStepLevels = kStepKeys == 4 ? 2 : kStepKeys == 2 ? 1 : 0;
 template <class D>
 HWY_INLINE hn::Vec<D> FoldStep(D df, hn::Vec<D> a0, hn::Vec<D> a1, hn::Vec<D> a2, hn::Vec<D> a3) {
-  if constexpr (kStepKeys == 4) return PairSums(df, PairSums(df, a0, a1), PairSums(df, a2, a3));
-  if constexpr (kStepKeys == 2) return PairSums(df, a0, a1);
+  if constexpr (kStepKeys == 4) return Fold<1>(df, Fold<0>(df, a0, a1), Fold<0>(df, a2, a3));
+  if constexpr (kStepKeys == 2) return Fold<0>(df, a0, a1);
   (void)a1, (void)a2, (void)a3;
   return a0;
+}
+
+// v, kept in a register for its uses: GCC folds a Q row's load into each key's FMA as a memory
+// operand, which doubles the score step's loads (10 per 8 FMAs at two keys) where the register
+// file has room for the row.
+HWY_INLINE VF InRegister(VF v) {
+#if HWY_ARCH_X86 && (HWY_COMPILER_GCC || HWY_COMPILER_CLANG) && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+  asm("" : "+v"(v.raw));
+#endif
+  return v;
 }
 
 // One step of DecodeScore: keys kr[0, kStepKeys) against the R rows of q over the whole vectors
@@ -128,10 +160,13 @@ HWY_INLINE void DecodeStep(const T* const* kr, const float* q, int64_t dv, LineQ
     const VF x2 = kStepKeys > 2 ? LoadWide(k2 + d) : z;
     const VF x3 = kStepKeys > 3 ? LoadWide(k3 + d) : z;
     const float* qd = q + kDecodeRowChunk * d;
-    MulAddRow<kStepKeys>(hn::LoadU(df, qd), x0, x1, x2, x3, a00, a01, a02, a03);
-    if constexpr (R > 1) MulAddRow<kStepKeys>(hn::LoadU(df, qd + kLanes), x0, x1, x2, x3, a10, a11, a12, a13);
-    if constexpr (R > 2) MulAddRow<kStepKeys>(hn::LoadU(df, qd + 2 * kLanes), x0, x1, x2, x3, a20, a21, a22, a23);
-    if constexpr (R > 3) MulAddRow<kStepKeys>(hn::LoadU(df, qd + 3 * kLanes), x0, x1, x2, x3, a30, a31, a32, a33);
+    MulAddRow<kStepKeys>(InRegister(hn::LoadU(df, qd)), x0, x1, x2, x3, a00, a01, a02, a03);
+    if constexpr (R > 1)
+      MulAddRow<kStepKeys>(InRegister(hn::LoadU(df, qd + kLanes)), x0, x1, x2, x3, a10, a11, a12, a13);
+    if constexpr (R > 2)
+      MulAddRow<kStepKeys>(InRegister(hn::LoadU(df, qd + 2 * kLanes)), x0, x1, x2, x3, a20, a21, a22, a23);
+    if constexpr (R > 3)
+      MulAddRow<kStepKeys>(InRegister(hn::LoadU(df, qd + 3 * kLanes)), x0, x1, x2, x3, a30, a31, a32, a33);
   }
   p0 = FoldStep(df, a00, a01, a02, a03);
   p1 = FoldStep(df, a10, a11, a12, a13);
@@ -167,16 +202,18 @@ void DecodeScore(const T* const* krows, const float* q, int64_t D, float* s, Lin
   if constexpr (kSteps > 1) {
     VF t0, t1, t2, t3;
     DecodeStep<T, R>(krows + kStepKeys, q, dv, lq, t0, t1, t2, t3);
-    s0 = PairSums(df, s0, t0), s1 = PairSums(df, s1, t1), s2 = PairSums(df, s2, t2), s3 = PairSums(df, s3, t3);
+    constexpr int L = kStepLevels;
+    s0 = Fold<L>(df, s0, t0), s1 = Fold<L>(df, s1, t1), s2 = Fold<L>(df, s2, t2), s3 = Fold<L>(df, s3, t3);
   }
   if constexpr (kSteps > 2) {
     VF t0, t1, t2, t3, u0, u1, u2, u3;
     DecodeStep<T, R>(krows + 2 * kStepKeys, q, dv, lq, t0, t1, t2, t3);
     DecodeStep<T, R>(krows + 3 * kStepKeys, q, dv, lq, u0, u1, u2, u3);
-    s0 = PairSums(df, s0, PairSums(df, t0, u0));
-    s1 = PairSums(df, s1, PairSums(df, t1, u1));
-    s2 = PairSums(df, s2, PairSums(df, t2, u2));
-    s3 = PairSums(df, s3, PairSums(df, t3, u3));
+    constexpr int L = kStepLevels;
+    s0 = Fold<L + 1>(df, s0, Fold<L>(df, t0, u0));
+    s1 = Fold<L + 1>(df, s1, Fold<L>(df, t1, u1));
+    s2 = Fold<L + 1>(df, s2, Fold<L>(df, t2, u2));
+    s3 = Fold<L + 1>(df, s3, Fold<L>(df, t3, u3));
   }
   pq = lq;
   StoreGroupScores(df, s0, s);
