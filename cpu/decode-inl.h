@@ -40,10 +40,19 @@ constexpr bool kTreeReduce = kLanes >= 2 && kLanes <= kDecodeKeys && (kLanes & (
 constexpr int64_t kGroupKeys = kTreeReduce ? kLanes : 1;
 // x86 below AVX-512 has 16 vector registers, AVX-512 and Arm 32. The score step keeps
 // 4 rows x kStepKeys accumulators (8 or 16) plus kStepKeys K vectors live, the P V tile
-// 4 rows x kDecodeColVecs accumulators plus as many V vectors and a broadcast.
+// 4 rows x kDecodeColVecs accumulators plus as many V vectors and a broadcast: 12 + 3 + 1 fill
+// 16 registers, and 12 chains give the two FMA pipes' 8 in flight a third of slack.
 constexpr bool kWideRegisterFile = !(HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3);
 constexpr int kStepKeys = !kTreeReduce ? 1 : kLanes >= 4 && kWideRegisterFile ? 4 : 2;
-constexpr int kDecodeColVecs = kWideRegisterFile ? 4 : 2;
+constexpr int kDecodeColVecs = kWideRegisterFile ? 4 : 3;
+
+// Column vectors of the next P V chunk with `left` whole vectors of Dv to go. Three-vector chunks
+// leave 4 or 2 vectors to chunks of 2 (16 = 3 + 3 + 3 + 3 + 2 + 2): a one-vector chunk has 4
+// chains, half of what the FMA pipes need in flight.
+HWY_INLINE int64_t PvChunkVecs(int64_t left) {
+  if (kDecodeColVecs == 3 && (left == 2 || left == 4)) return 2;
+  return left >= kDecodeColVecs ? kDecodeColVecs : 1;
+}
 
 // Lanes of a's pairwise sums, then b's: one level of the transposed reduction. Applied to
 // neighbours level by level, lanes vectors become one whose lane i is the sum of vector i. The
@@ -289,9 +298,16 @@ void DecodePvRange(const Geometry& g, int R, int64_t r0, int64_t a, int64_t e, c
   const float* p = w.st + r0 * kDecodeStride;
   float* o = w.o + r0 * g.Dvp;
   int64_t col = 0;
-  for (; col + kDecodeColVecs * kLanes <= full; col += kDecodeColVecs * kLanes)
-    DecodePvRows<T, kDecodeColVecs>(R, w.vrows, a, e, p, col, o, g.Dvp, pq);
-  for (; col < full; col += kLanes) DecodePvRows<T, 1>(R, w.vrows, a, e, p, col, o, g.Dvp, pq);
+  while (col < full) {
+    const int64_t c = PvChunkVecs((full - col) / kLanes);
+    if (c == kDecodeColVecs)
+      DecodePvRows<T, kDecodeColVecs>(R, w.vrows, a, e, p, col, o, g.Dvp, pq);
+    else if (c == 2)
+      DecodePvRows<T, 2>(R, w.vrows, a, e, p, col, o, g.Dvp, pq);
+    else
+      DecodePvRows<T, 1>(R, w.vrows, a, e, p, col, o, g.Dvp, pq);
+    col += c * kLanes;
+  }
   for (; col < g.Dv; ++col)
     for (int64_t r = 0; r < R; ++r) {
       float part = 0.f;
@@ -321,9 +337,10 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
   // Inner steps of one head's block (a full block): the score loop's vector steps per key group
   // and P V's keys per column chunk, per chunk of rows.
   const int64_t chunks = (rows + kDecodeRowChunk - 1) / kDecodeRowChunk;
-  const int64_t steps = std::max<int64_t>(
-      1, chunks * ((kDecodeKeys / kStepKeys) * (g.D / kLanes) +
-                   kDecodeKeys * (g.Dv / (kDecodeColVecs * kLanes) + g.Dv % (kDecodeColVecs * kLanes) / kLanes)));
+  int64_t pv_chunks = 0;
+  for (int64_t left = g.Dv / kLanes; left > 0; left -= PvChunkVecs(left)) ++pv_chunks;
+  const int64_t steps =
+      std::max<int64_t>(1, chunks * ((kDecodeKeys / kStepKeys) * (g.D / kLanes) + kDecodeKeys * pv_chunks));
   for (int64_t j0 = kb; j0 < ke; j0 += kDecodeKeys) {
     const int64_t nk = std::min(kDecodeKeys, ke - j0);
     // Rows that see none of the block keep their state exactly (alpha 1, p 0).
