@@ -117,6 +117,10 @@ struct LineQueue {
   }
 };
 
+// 16-register targets issue from the score loop only: P V's loop there, its 16 vector registers
+// all taken by the 4 x 3 tile, loses more to the queue's steps than their finer spread is worth.
+constexpr bool kPvIssues = kWideRegisterFile;
+
 // The first C of x0..x3 widened from p, `stride` elements apart; the rest zero (never read).
 template <int C, class T>
 HWY_INLINE void LoadWideRow(const T* p, int64_t stride, VF& x0, VF& x1, VF& x2, VF& x3) {
@@ -262,7 +266,7 @@ void DecodePv(const void* const* vrows, int64_t a, int64_t e, const float* p, in
   VF a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
   LineQueue lq = pq;
   for (int64_t j = a; j < e; ++j) {
-    lq.Issue();
+    if constexpr (kPvIssues) lq.Issue();
     VF v0, v1, v2, v3;
     LoadWideRow<C>(static_cast<const T*>(vrows[j]) + col, kLanes, v0, v1, v2, v3);
     const float* pj = p + j;
@@ -334,13 +338,13 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
   const char* ahead[2 * kDecodeKeys];
   const int64_t row_bytes = std::max(g.D, g.Dv) * int64_t(sizeof(T));
   const bool whole_positions = g.D == g.Dv && p.k_head_stride == g.D && p.v_head_stride == g.Dv;
-  // Inner steps of one head's block (a full block): the score loop's vector steps per key group
-  // and P V's keys per column chunk, per chunk of rows.
+  // Inner steps of one head's block (a full block) that issue prefetches: the score loop's vector
+  // steps per key group and, where P V issues, its keys per column chunk, per chunk of rows.
   const int64_t chunks = (rows + kDecodeRowChunk - 1) / kDecodeRowChunk;
   int64_t pv_chunks = 0;
   for (int64_t left = g.Dv / kLanes; left > 0; left -= PvChunkVecs(left)) ++pv_chunks;
-  const int64_t steps =
-      std::max<int64_t>(1, chunks * ((kDecodeKeys / kStepKeys) * (g.D / kLanes) + kDecodeKeys * pv_chunks));
+  const int64_t steps = std::max<int64_t>(
+      1, chunks * ((kDecodeKeys / kStepKeys) * (g.D / kLanes) + (kPvIssues ? kDecodeKeys * pv_chunks : 0)));
   for (int64_t j0 = kb; j0 < ke; j0 += kDecodeKeys) {
     const int64_t nk = std::min(kDecodeKeys, ke - j0);
     // Rows that see none of the block keep their state exactly (alpha 1, p 0).
