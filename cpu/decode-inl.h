@@ -54,6 +54,13 @@ HWY_INLINE int64_t PvChunkVecs(int64_t left) {
   return left >= kDecodeColVecs ? kDecodeColVecs : 1;
 }
 
+// P V's column chunks over the whole vectors of dv.
+inline int64_t PvChunks(int64_t dv) {
+  int64_t n = 0;
+  for (int64_t left = dv / kLanes; left > 0; left -= PvChunkVecs(left)) ++n;
+  return n;
+}
+
 // Lanes of a's pairwise sums, then b's: one level of the transposed reduction. Applied to
 // neighbours level by level, lanes vectors become one whose lane i is the sum of vector i. The
 // single-lane target has no ConcatEven and reduces each key on its own (kTreeReduce): there it
@@ -341,10 +348,8 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
   // Inner steps of one head's block (a full block) that issue prefetches: the score loop's vector
   // steps per key group and, where P V issues, its keys per column chunk, per chunk of rows.
   const int64_t chunks = (rows + kDecodeRowChunk - 1) / kDecodeRowChunk;
-  int64_t pv_chunks = 0;
-  for (int64_t left = g.Dv / kLanes; left > 0; left -= PvChunkVecs(left)) ++pv_chunks;
   const int64_t steps = std::max<int64_t>(
-      1, chunks * ((kDecodeKeys / kStepKeys) * (g.D / kLanes) + (kPvIssues ? kDecodeKeys * pv_chunks : 0)));
+      1, chunks * ((kDecodeKeys / kStepKeys) * (g.D / kLanes) + (kPvIssues ? kDecodeKeys * PvChunks(g.Dv) : 0)));
   for (int64_t j0 = kb; j0 < ke; j0 += kDecodeKeys) {
     const int64_t nk = std::min(kDecodeKeys, ke - j0);
     // Rows that see none of the block keep their state exactly (alpha 1, p 0).
