@@ -24,7 +24,7 @@ fi
 
 cmake -S . -B build-arm -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake \
   -DCMAKE_PREFIX_PATH="$deps/usr" -DIOATTN_CUDA=OFF -DIOATTN_THREADING=openmp -DIOATTN_SANITIZE= \
-  -DIOATTN_BUILD_TESTS=ON -DIOATTN_BUILD_BENCH=OFF -DIOATTN_FUZZ=OFF
+  -DIOATTN_SIMD_TARGETS=all -DIOATTN_BUILD_TESTS=ON -DIOATTN_BUILD_BENCH=OFF -DIOATTN_FUZZ=OFF
 # Everything whose code differs by architecture: the kernels and their dispatch, the threading,
 # the host detection, the C ABI. Left to the x86 stages (the same scalar code on every
 # architecture, 5.5 minutes of CI under qemu): the CLI suites (test_cli, test_contract_cli), the
