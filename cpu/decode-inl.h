@@ -328,7 +328,10 @@ void DecodePvRange(const Geometry& g, int R, int64_t r0, int64_t a, int64_t e, c
 }
 
 // One decode task: keys [kb, ke) of sequence b (its split's whole key range) for ALL kv heads,
-// in softmax blocks of kDecodeKeys positions from kb, head by head within a block. State per
+// in softmax blocks of kDecodeKeys positions from kb, head by head within a block; or, where each
+// head's keys lie closer together than a position's heads (a head-major cache), head by head
+// over all blocks: then each head is two sequential streams, K and V, as in a plain read, where
+// blocks outermost would walk Hkv streams of each at once. State per
 // head (ws[hk]) follows RunTileBlocks' rules: a hidden key's score is -inf by select, and P V
 // gives each row only the keys it sees, so a NaN in a hidden V row never reaches it.
 template <class T>
@@ -350,65 +353,68 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
   const int64_t chunks = (rows + kDecodeRowChunk - 1) / kDecodeRowChunk;
   const int64_t steps = std::max<int64_t>(
       1, chunks * ((kDecodeKeys / kStepKeys) * (g.D / kLanes) + (kPvIssues ? kDecodeKeys * PvChunks(g.Dv) : 0)));
-  for (int64_t j0 = kb; j0 < ke; j0 += kDecodeKeys) {
-    const int64_t nk = std::min(kDecodeKeys, ke - j0);
-    // Rows that see none of the block keep their state exactly (alpha 1, p 0).
-    if (!ClampRowRanges(w0, rows, j0, nk)) continue;
-    // Lanes past the block's last key score a copy of it, then the softmax masks them.
-    for (int64_t i = 0; i < kDecodeStride; ++i) kpos[i] = kbase + k_offset(p, b, seq, j0 + std::min(i, nk - 1), 0);
-    for (int64_t i = 0; i < nk; ++i) vpos[i] = vbase + v_offset(p, b, seq, j0 + i, 0);
-    // The block prefetch_blocks ahead (none at 0), within this split's keys.
-    const int64_t jn = j0 + g.prefetch_blocks * kDecodeKeys;
-    const int64_t nn = g.prefetch_blocks > 0 ? std::clamp<int64_t>(ke - jn, 0, kDecodeKeys) : 0;
-    for (int64_t i = 0; i < nn; ++i) {
-      knext[i] = kbase + k_offset(p, b, seq, jn + i, 0);
-      vnext[i] = vbase + v_offset(p, b, seq, jn + i, 0);
-    }
-    // When a position's heads lie side by side (head stride = row length, as in [S][Hkv][D]
-    // caches and their pages), one queue walks the whole next block in address order, K then V
-    // of each position (Hkv x D elements each), paced over all heads' inner steps of this block:
-    // DRAM then sees two ascending streams, as a plain read does, instead of each head's rows
-    // 2 KiB apart revisited Hkv times.
-    // Otherwise each head queues its own rows of the next block.
-    // next_block_queue: the next block's rows from head offsets koff / voff, `bytes` each,
-    // spread over `over_steps` inner steps.
-    auto next_block_queue = [&](int64_t koff, int64_t voff, int64_t bytes, int64_t over_steps) {
+  const bool heads_outer = p.k_seq_stride < p.k_head_stride && p.v_seq_stride < p.v_head_stride;
+  const int64_t head_group = heads_outer ? 1 : g.heads_kv;
+  for (int64_t h0 = 0; h0 < g.heads_kv; h0 += head_group)
+    for (int64_t j0 = kb; j0 < ke; j0 += kDecodeKeys) {
+      const int64_t nk = std::min(kDecodeKeys, ke - j0);
+      // Rows that see none of the block keep their state exactly (alpha 1, p 0).
+      if (!ClampRowRanges(w0, rows, j0, nk)) continue;
+      // Lanes past the block's last key score a copy of it, then the softmax masks them.
+      for (int64_t i = 0; i < kDecodeStride; ++i) kpos[i] = kbase + k_offset(p, b, seq, j0 + std::min(i, nk - 1), 0);
+      for (int64_t i = 0; i < nk; ++i) vpos[i] = vbase + v_offset(p, b, seq, j0 + i, 0);
+      // The block prefetch_blocks ahead (none at 0), within this split's keys.
+      const int64_t jn = j0 + g.prefetch_blocks * kDecodeKeys;
+      const int64_t nn = g.prefetch_blocks > 0 ? std::clamp<int64_t>(ke - jn, 0, kDecodeKeys) : 0;
       for (int64_t i = 0; i < nn; ++i) {
-        ahead[2 * i] = reinterpret_cast<const char*>(knext[i] + koff);
-        ahead[2 * i + 1] = reinterpret_cast<const char*>(vnext[i] + voff);
+        knext[i] = kbase + k_offset(p, b, seq, jn + i, 0);
+        vnext[i] = vbase + v_offset(p, b, seq, jn + i, 0);
       }
-      return LineQueue{ahead, 2 * nn, bytes, (2 * nn * ((bytes + 63) / 64) + over_steps - 1) / over_steps};
-    };
-    LineQueue block_queue{};
-    if (whole_positions) block_queue = next_block_queue(0, 0, g.heads_kv * row_bytes, steps * g.heads_kv);
-    for (int64_t hk = 0; hk < g.heads_kv; ++hk) {
-      const Scratch& w = ws[hk];
-      const int64_t koff = hk * p.k_head_stride, voff = hk * p.v_head_stride;
-      LineQueue head_queue{};
-      if (!whole_positions) head_queue = next_block_queue(koff, voff, row_bytes, steps);
-      LineQueue& pq = whole_positions ? block_queue : head_queue;
-      for (int64_t i = 0; i < kDecodeStride; ++i) krows[i] = kpos[i] + koff;
-      for (int64_t i = 0; i < nk; ++i) w.vrows[i] = vpos[i] + voff;
-      for (int64_t i = 0; i < nk; i += kGroupKeys)
+      // When a position's heads lie side by side (head stride = row length, as in [S][Hkv][D]
+      // caches and their pages), one queue walks the whole next block in address order, K then V
+      // of each position (Hkv x D elements each), paced over all heads' inner steps of this block:
+      // DRAM then sees two ascending streams, as a plain read does, instead of each head's rows
+      // 2 KiB apart revisited Hkv times.
+      // Otherwise each head queues its own rows of the next block.
+      // next_block_queue: the next block's rows from head offsets koff / voff, `bytes` each,
+      // spread over `over_steps` inner steps.
+      auto next_block_queue = [&](int64_t koff, int64_t voff, int64_t bytes, int64_t over_steps) {
+        for (int64_t i = 0; i < nn; ++i) {
+          ahead[2 * i] = reinterpret_cast<const char*>(knext[i] + koff);
+          ahead[2 * i + 1] = reinterpret_cast<const char*>(vnext[i] + voff);
+        }
+        return LineQueue{ahead, 2 * nn, bytes, (2 * nn * ((bytes + 63) / 64) + over_steps - 1) / over_steps};
+      };
+      LineQueue block_queue{};
+      if (whole_positions) block_queue = next_block_queue(0, 0, g.heads_kv * row_bytes, steps * g.heads_kv);
+      for (int64_t hk = h0; hk < h0 + head_group; ++hk) {
+        const Scratch& w = ws[hk];
+        const int64_t koff = hk * p.k_head_stride, voff = hk * p.v_head_stride;
+        LineQueue head_queue{};
+        if (!whole_positions) head_queue = next_block_queue(koff, voff, row_bytes, steps);
+        LineQueue& pq = whole_positions ? block_queue : head_queue;
+        for (int64_t i = 0; i < kDecodeStride; ++i) krows[i] = kpos[i] + koff;
+        for (int64_t i = 0; i < nk; ++i) w.vrows[i] = vpos[i] + voff;
+        for (int64_t i = 0; i < nk; i += kGroupKeys)
+          for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
+            const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
+            DecodeScoreRows<T>(R, krows + i, w.qt + r0 * g.D, g.D, w.st + r0 * kDecodeStride + i, pq);
+          }
+        if (capped)
+          DecodeSoftmax<true>(rows, p.scale, p.softcap, w, w0.lo, w0.hi);
+        else
+          DecodeSoftmax<false>(rows, p.scale, p.softcap, w, w0.lo, w0.hi);
+        RescaleRows(w, 0, rows, g.Dvp);
+        // Keys every row of a chunk sees go through the chunk's register tile; the rest row by row.
         for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
           const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
-          DecodeScoreRows<T>(R, krows + i, w.qt + r0 * g.D, g.D, w.st + r0 * kDecodeStride + i, pq);
+          const SharedKeys k = IntersectRowRanges(w0.lo, w0.hi, r0, r0 + R, nk);
+          if (k.fast) DecodePvRange<T>(g, R, r0, k.a, k.e, w, pq);
+          ForRowRemainders(w0.lo, w0.hi, r0, r0 + R, k,
+                           [&](int64_t r, int64_t a, int64_t e) { DecodePvRange<T>(g, 1, r, a, e, w, pq); });
         }
-      if (capped)
-        DecodeSoftmax<true>(rows, p.scale, p.softcap, w, w0.lo, w0.hi);
-      else
-        DecodeSoftmax<false>(rows, p.scale, p.softcap, w, w0.lo, w0.hi);
-      RescaleRows(w, 0, rows, g.Dvp);
-      // Keys every row of a chunk sees go through the chunk's register tile; the rest row by row.
-      for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
-        const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
-        const SharedKeys k = IntersectRowRanges(w0.lo, w0.hi, r0, r0 + R, nk);
-        if (k.fast) DecodePvRange<T>(g, R, r0, k.a, k.e, w, pq);
-        ForRowRemainders(w0.lo, w0.hi, r0, r0 + R, k,
-                         [&](int64_t r, int64_t a, int64_t e) { DecodePvRange<T>(g, 1, r, a, e, w, pq); });
       }
     }
-  }
 }
 
 // One decode task (decode mode): split `split` of sequence b for all kv heads, leaving the

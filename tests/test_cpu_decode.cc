@@ -196,3 +196,41 @@ TEST_CASE("decode: every compiled Highway target", "[cpu][decode]") {
     }
   }
 }
+
+TEST_CASE("decode: head-major caches, each head over all blocks, on every compiled target", "[cpu][decode]") {
+  // K and V both head-major (each kv head's keys contiguous) run head by head over the whole
+  // split; one head-major and one position-major cache keep blocks outermost. Row padding puts
+  // NaN between rows, multi-block key ranges with splits and windows cut blocks per head.
+  using ioattn::test::Layout;
+  const Layout head_major{Layout::bhsd, 0, 0}, padded_head_major{Layout::bhsd, 3, 5}, position_major{};
+  struct Layouts {
+    Layout k, v;
+  };
+  const Layouts layouts[] = {{head_major, head_major}, {padded_head_major, head_major}, {head_major, position_major}};
+  const DType types[] = {DType::f16, DType::bf16, DType::f32};
+  for (int64_t target : ioattn::test::compiled_targets()) {
+    ioattn::test::TargetScope scope(target);
+    int index = 0;
+    for (const Layouts& l : layouts)
+      for (int64_t hkv : {8, 2}) {
+        ++index;
+        AttnCase c;
+        c.batch = 1 + index % 3;
+        c.heads_q = 8;
+        c.heads_kv = hkv;
+        c.seqlen_q = 1;
+        c.seqlen_k = index % 2 ? 203 : 97;
+        c.head_dim = index % 3 == 0 ? 59 : 128;
+        c.dtype = types[index % 3];
+        c.k_layout = l.k;
+        c.v_layout = l.v;
+        c.causal = index % 2 == 0;
+        c.window_left = index % 4 == 1 ? 70 : -1;
+        c.threads = 1 + index % 2;
+        c.tiling.kv_splits = 1 + index % 3;
+        DYNAMIC_SECTION(ioattn::test::target_name(target) << " " << c.describe()) {
+          check_case(c, uint32_t(700 + index));
+        }
+      }
+  }
+}

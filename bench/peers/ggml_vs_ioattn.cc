@@ -3,12 +3,14 @@
 //
 // Memory layout is (B, S, H, D) for everything, as in llama.cpp: ggml gets q/K/V as permuted views
 // of [D, H, S, B] tensors (what llama.cpp's graph passes to FLASH_ATTN_EXT) and writes its result
-// as [D, Hq, Sq, B], which is (B, S, H, D) again.
+// as [D, Hq, Sq, B], which is (B, S, H, D) again. Decode also takes a head-major cache (layout
+// bhsd: each kv head's keys contiguous, ggml's [D, S, H, B] without a permute), where ggml's
+// per-head loop reads memory in order; both sides read the same bytes in either layout.
 //   ggml:   q f32, K/V f16, mask f16 [Sk, Sq, 1, 1] (0 / -inf) for causal, NULL otherwise.
 //   ioattn prefill: q, K, V f32 (the f16 values widened; "forward f32"); decode: f32 q, f16 cache.
 //
 // usage: ggml_vs_ioattn prefill B H S D causal threads rounds
-//        ggml_vs_ioattn decode  B Hq Hkv D Sk threads rounds
+//        ggml_vs_ioattn decode  B Hq Hkv D Sk threads rounds [bshd|bhsd]
 // prints one line: mode shape threads ioattn_ms ggml_ms speedup metric_ioattn metric_ggml maxdiff
 #include <ggml-cpu.h>
 #include <ggml.h>
@@ -56,17 +58,21 @@ struct Ggml {
   ggml_tensor *q = nullptr, *k = nullptr, *v = nullptr, *mask = nullptr, *out = nullptr;
 
   // Tensors as ne = [D, H, S, B] (BSHD memory), permuted to [D, S, H, B] for the op.
-  void build(int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t D, bool causal, int threads) {
+  void build(int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t D, bool causal, int threads,
+             bool head_major) {
     size_t bytes = size_t(B * Sq * Hq * D) * 4 + size_t(B * Sk * Hkv * D) * 2 * 2 + (causal ? size_t(Sk * Sq) * 2 : 0) +
                    size_t(B * Sq * Hq * D) * 4 + (64u << 20);
     ggml_init_params ip = {bytes, nullptr, false};
     ctx = ggml_init(ip);
     ggml_tensor* q4 = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D, Hq, Sq, B);
-    ggml_tensor* k4 = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, Hkv, Sk, B);
-    ggml_tensor* v4 = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, Hkv, Sk, B);
     q = ggml_permute(ctx, q4, 0, 2, 1, 3);
-    k = ggml_permute(ctx, k4, 0, 2, 1, 3);
-    v = ggml_permute(ctx, v4, 0, 2, 1, 3);
+    if (head_major) {
+      k = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, Sk, Hkv, B);
+      v = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, Sk, Hkv, B);
+    } else {
+      k = ggml_permute(ctx, ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, Hkv, Sk, B), 0, 2, 1, 3);
+      v = ggml_permute(ctx, ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, Hkv, Sk, B), 0, 2, 1, 3);
+    }
     if (causal) mask = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, Sk, Sq, 1, 1);
     out = ggml_flash_attn_ext(ctx, q, k, v, mask, 1.0f / std::sqrt(float(D)), 0.0f, 0.0f);
     ggml_prec_set_acc(out, GGML_PREC_F32);  // what llama.cpp requests for FA
@@ -115,7 +121,12 @@ int main(int argc, char** argv) {
   int rounds = std::atoi(argv[8]);
 
   Ggml g;
-  g.build(B, Sq, Sk, Hq, Hkv, D, causal, threads);
+  const bool head_major = decode && argc > 9 && std::string(argv[9]) == "bhsd";
+  if (decode && argc > 9 && !head_major && std::string(argv[9]) != "bshd") {
+    std::fprintf(stderr, "layout must be bshd or bhsd, not '%s'\n", argv[9]);
+    return 2;
+  }
+  g.build(B, Sq, Sk, Hq, Hkv, D, causal, threads, head_major);
 
   const int64_t nq = B * Sq * Hq * D, nkv = B * Sk * Hkv * D;
   std::mt19937 rng(42);
@@ -151,8 +162,13 @@ int main(int argc, char** argv) {
   std::vector<int32_t> seqlens(B, int32_t(Sk));
   ioattn_kvcache cache{};
   if (decode) {
-    cache.k = bshd(g.k->data, ioattn::DTypeCode::f16, B, Sk, Hkv, D);
-    cache.v = bshd(g.v->data, ioattn::DTypeCode::f16, B, Sk, Hkv, D);
+    auto cache_view = [&](void* p) {
+      return head_major
+                 ? ioattn::TensorView::strided(p, ioattn::DTypeCode::f16, B, Sk, Hkv, D, Hkv * Sk * D, D, Sk * D).raw
+                 : bshd(p, ioattn::DTypeCode::f16, B, Sk, Hkv, D);
+    };
+    cache.k = cache_view(g.k->data);
+    cache.v = cache_view(g.v->data);
     cache.seqlens = seqlens.data();
     cache.block_table = nullptr;
   }
@@ -194,8 +210,8 @@ int main(int argc, char** argv) {
     metric_io = bytes / (mi * 1e6);
     metric_gg = bytes / (mg * 1e6);
     unit = "GB/s";
-    std::printf("decode B=%lld Hq=%lld Hkv=%lld D=%lld Sk=%lld", (long long)B, (long long)Hq, (long long)Hkv,
-                (long long)D, (long long)Sk);
+    std::printf("decode %s B=%lld Hq=%lld Hkv=%lld D=%lld Sk=%lld", head_major ? "bhsd" : "bshd", (long long)B,
+                (long long)Hq, (long long)Hkv, (long long)D, (long long)Sk);
   } else {
     double flops = 4.0 * B * Hq * Sq * Sk * D * (causal ? 0.5 : 1.0);
     metric_io = flops / (mi * 1e6);

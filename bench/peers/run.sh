@@ -96,7 +96,11 @@ if ! skip ggml; then
       for c in 0 1; do "$BP/ggml_vs_ioattn" prefill 1 16 "$S" "$D" "$c" "$t" "$ROUNDS"; done
     done
     for B in 1 4; do
-      for hq in 32 8; do "$BP/ggml_vs_ioattn" decode "$B" "$hq" 8 128 32768 "$t" "$ROUNDS"; done
+      # llama.cpp's cache layout (positions outer) and a head-major one, where ggml's per-head loop
+      # reads in address order.
+      for layout in bshd bhsd; do
+        for hq in 32 8; do "$BP/ggml_vs_ioattn" decode "$B" "$hq" 8 128 32768 "$t" "$ROUNDS" "$layout"; done
+      done
     done
   done | tee -a "$OUT"
 fi
