@@ -17,8 +17,10 @@
 //   IOATTN_BENCH_TARGET=AVX2 bench_decode ...       probes and kernels on AVX2
 //
 // Shapes: a GQA decoder's, Hq = 32 query heads over Hkv = 8 KV heads (GQA 4), D = 128, f32 q/out
-// (edge decoders keep activations in f32) over f16 or bf16 caches of 4k..32k tokens; f16_groups
-// reads one 1 GiB f16 cache with Hq = 8, 16 and 32 (G = 1, 2, 4).
+// (edge decoders keep activations in f32) over f16 or bf16 caches of 4k..32k tokens, positions
+// outer ([B][S][Hkv][D], llama.cpp's and FlashAttention's layout); f16_groups reads one 1 GiB f16
+// cache with Hq = 8, 16 and 32 (G = 1, 2, 4); f16_head_major reads a head-major cache
+// ([B][Hkv][S][D], each head's keys contiguous) at G = 1 and 4.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -54,7 +56,7 @@ struct Decode {
   ioattn_kvcache cache{};
   ioattn_tensor tq{}, to{};
 
-  Decode(int64_t b, int64_t s, int64_t hq, ioattn::DType t) : batch(b), keys(s), cache_dtype(t) {
+  Decode(int64_t b, int64_t s, int64_t hq, ioattn::DType t, bool head_major) : batch(b), keys(s), cache_dtype(t) {
     const int64_t row = kHkv * kDim;
     elements = size_t(b * s * row);
     k = hwy::AllocateAligned<uint16_t>(elements);
@@ -69,8 +71,9 @@ struct Decode {
     for (float& x : q) x = dist(rng);
     out.assign(q.size(), 0.f);
     seqlens.assign(size_t(b), int32_t(s));
-    cache.k = {k.get(), int32_t(t), b, s, kHkv, kDim, s * row, row, kDim};
-    cache.v = {v.get(), int32_t(t), b, s, kHkv, kDim, s * row, row, kDim};
+    const int64_t seq_stride = head_major ? kDim : row, head_stride = head_major ? s * kDim : kDim;
+    cache.k = {k.get(), int32_t(t), b, s, kHkv, kDim, s * row, seq_stride, head_stride};
+    cache.v = {v.get(), int32_t(t), b, s, kHkv, kDim, s * row, seq_stride, head_stride};
     cache.seqlens = seqlens.data();
     tq = {q.data(), IOATTN_F32, b, 1, hq, kDim, hq * kDim, hq * kDim, kDim};
     to = {out.data(), IOATTN_F32, b, 1, hq, kDim, hq * kDim, hq * kDim, kDim};
@@ -114,9 +117,9 @@ void BM_ReadBandwidth(benchmark::State& state) {
   state.SetLabel(r.describe());
 }
 
-void BM_Decode(benchmark::State& state, ioattn::DType cache_dtype) {
+void BM_Decode(benchmark::State& state, ioattn::DType cache_dtype, bool head_major) {
   const int threads = int(state.range(2));
-  Decode d(state.range(0), state.range(1), state.range(3), cache_dtype);
+  Decode d(state.range(0), state.range(1), state.range(3), cache_dtype, head_major);
   ioattn_options opt;
   ioattn_options_default(&opt);
   opt.num_threads = threads;
@@ -175,7 +178,7 @@ void BM_Decode(benchmark::State& state, ioattn::DType cache_dtype) {
   const double model = ioattn::predict_traffic(pr, ioattn::plan_cpu(pr, host, threads), host).flash_dram_bytes;
   state.counters["model_MiB"] = model / double(1 << 20);
   state.counters["of_model%"] = 100.0 * (model / (read_gbs * 1e9)) / (total / double(state.iterations()));
-  state.SetLabel(std::string(ioattn::dtype_name(cache_dtype)) + " cache, f32 q, " +
+  state.SetLabel(std::string(ioattn::dtype_name(cache_dtype)) + (head_major ? " head-major" : "") + " cache, f32 q, " +
                  (fma_gbs < read_gbs ? "fma-bound" : "read-bound"));
 }
 
@@ -195,6 +198,12 @@ void GroupArgs(benchmark::internal::Benchmark* b) {
   b->ArgNames({"B", "Sk", "threads", "Hq"})->UseManualTime()->MinTime(0.5)->Unit(benchmark::kMillisecond);
 }
 
+// A head-major cache of 512 MiB at G = 1 and 4: each kv head is two sequential streams.
+void HeadMajorArgs(benchmark::internal::Benchmark* b) {
+  for (int64_t hq : {kHkv, 4 * kHkv}) b->Args({4, 32768, ioattn::default_threads(), hq});
+  b->ArgNames({"B", "Sk", "threads", "Hq"})->UseManualTime()->MinTime(0.5)->Unit(benchmark::kMillisecond);
+}
+
 }  // namespace
 
 BENCHMARK(BM_ReadBandwidth)
@@ -203,9 +212,10 @@ BENCHMARK(BM_ReadBandwidth)
     ->ArgName("threads")
     ->Iterations(1);
 BENCHMARK(BM_FmaPeak)->Name("ceiling/fma_peak")->Arg(ioattn::default_threads())->ArgName("threads")->Iterations(1);
-BENCHMARK_CAPTURE(BM_Decode, f16, ioattn::DType::f16)->Apply(DecodeArgs);
-BENCHMARK_CAPTURE(BM_Decode, bf16, ioattn::DType::bf16)->Apply(DecodeArgs);
-BENCHMARK_CAPTURE(BM_Decode, f16_groups, ioattn::DType::f16)->Apply(GroupArgs);
+BENCHMARK_CAPTURE(BM_Decode, f16, ioattn::DType::f16, false)->Apply(DecodeArgs);
+BENCHMARK_CAPTURE(BM_Decode, bf16, ioattn::DType::bf16, false)->Apply(DecodeArgs);
+BENCHMARK_CAPTURE(BM_Decode, f16_groups, ioattn::DType::f16, false)->Apply(GroupArgs);
+BENCHMARK_CAPTURE(BM_Decode, f16_head_major, ioattn::DType::f16, true)->Apply(HeadMajorArgs);
 
 int main(int argc, char** argv) {
   if (!ioattn::peers::apply_target_env()) return 2;

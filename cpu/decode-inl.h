@@ -327,24 +327,52 @@ void DecodePvRange(const Geometry& g, int R, int64_t r0, int64_t a, int64_t e, c
     }
 }
 
+// One kv head's pass over one softmax block of nk keys: scores, softmax, P V into w's state.
+// kpos / vpos: head 0's K and V rows at the block's positions (kpos padded to kDecodeStride with
+// the last key); koff / voff: this head's offsets from them; w0: the rows' ranges in the block.
+template <class T>
+void DecodeHeadBlock(const AttnParams& p, const Geometry& g, int64_t rows, int64_t nk, const T* const* kpos,
+                     const T* const* vpos, int64_t koff, int64_t voff, const Scratch& w, const Scratch& w0,
+                     LineQueue& pq) {
+  const T* krows[kDecodeStride];
+  for (int64_t i = 0; i < kDecodeStride; ++i) krows[i] = kpos[i] + koff;
+  for (int64_t i = 0; i < nk; ++i) w.vrows[i] = vpos[i] + voff;
+  for (int64_t i = 0; i < nk; i += kGroupKeys)
+    for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
+      const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
+      DecodeScoreRows<T>(R, krows + i, w.qt + r0 * g.D, g.D, w.st + r0 * kDecodeStride + i, pq);
+    }
+  if (p.softcap > 0.f)
+    DecodeSoftmax<true>(rows, p.scale, p.softcap, w, w0.lo, w0.hi);
+  else
+    DecodeSoftmax<false>(rows, p.scale, p.softcap, w, w0.lo, w0.hi);
+  RescaleRows(w, 0, rows, g.Dvp);
+  // Keys every row of a chunk sees go through the chunk's register tile; the rest row by row.
+  for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
+    const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
+    const SharedKeys k = IntersectRowRanges(w0.lo, w0.hi, r0, r0 + R, nk);
+    if (k.fast) DecodePvRange<T>(g, R, r0, k.a, k.e, w, pq);
+    ForRowRemainders(w0.lo, w0.hi, r0, r0 + R, k,
+                     [&](int64_t r, int64_t a, int64_t e) { DecodePvRange<T>(g, 1, r, a, e, w, pq); });
+  }
+}
+
 // One decode task: keys [kb, ke) of sequence b (its split's whole key range) for ALL kv heads,
 // in softmax blocks of kDecodeKeys positions from kb, head by head within a block; or, where each
 // head's keys lie closer together than a position's heads (a head-major cache), head by head
 // over all blocks: then each head is two sequential streams, K and V, as in a plain read, where
-// blocks outermost would walk Hkv streams of each at once. State per
-// head (ws[hk]) follows RunTileBlocks' rules: a hidden key's score is -inf by select, and P V
-// gives each row only the keys it sees, so a NaN in a hidden V row never reaches it.
+// blocks outermost would walk Hkv streams of each at once. State per head (ws[hk]) follows
+// RunTileBlocks' rules: a hidden key's score is -inf by select, and P V gives each row only the
+// keys it sees, so a NaN in a hidden V row never reaches it.
 template <class T>
 void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpan& seq, int64_t rows, int64_t kb,
                  int64_t ke, const Scratch* ws) {
   const T* kbase = static_cast<const T*>(p.k);
   const T* vbase = static_cast<const T*>(p.v);
-  const bool capped = p.softcap > 0.f;
   const Scratch& w0 = ws[0];
   // Head 0's rows at the block's positions and the next block's (the row lookup, paged or not,
   // once per position); head hk's are hk head strides further.
   const T *kpos[kDecodeStride], *vpos[kDecodeKeys], *knext[kDecodeKeys], *vnext[kDecodeKeys];
-  const T* krows[kDecodeStride];
   const char* ahead[2 * kDecodeKeys];
   const int64_t row_bytes = std::max(g.D, g.Dv) * int64_t(sizeof(T));
   const bool whole_positions = g.D == g.Dv && p.k_head_stride == g.D && p.v_head_stride == g.Dv;
@@ -355,7 +383,7 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
       1, chunks * ((kDecodeKeys / kStepKeys) * (g.D / kLanes) + (kPvIssues ? kDecodeKeys * PvChunks(g.Dv) : 0)));
   const bool heads_outer = p.k_seq_stride < p.k_head_stride && p.v_seq_stride < p.v_head_stride;
   const int64_t head_group = heads_outer ? 1 : g.heads_kv;
-  for (int64_t h0 = 0; h0 < g.heads_kv; h0 += head_group)
+  for (int64_t h0 = 0; h0 < g.heads_kv; h0 += head_group) {
     for (int64_t j0 = kb; j0 < ke; j0 += kDecodeKeys) {
       const int64_t nk = std::min(kDecodeKeys, ke - j0);
       // Rows that see none of the block keep their state exactly (alpha 1, p 0).
@@ -388,33 +416,14 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
       LineQueue block_queue{};
       if (whole_positions) block_queue = next_block_queue(0, 0, g.heads_kv * row_bytes, steps * g.heads_kv);
       for (int64_t hk = h0; hk < h0 + head_group; ++hk) {
-        const Scratch& w = ws[hk];
         const int64_t koff = hk * p.k_head_stride, voff = hk * p.v_head_stride;
         LineQueue head_queue{};
         if (!whole_positions) head_queue = next_block_queue(koff, voff, row_bytes, steps);
-        LineQueue& pq = whole_positions ? block_queue : head_queue;
-        for (int64_t i = 0; i < kDecodeStride; ++i) krows[i] = kpos[i] + koff;
-        for (int64_t i = 0; i < nk; ++i) w.vrows[i] = vpos[i] + voff;
-        for (int64_t i = 0; i < nk; i += kGroupKeys)
-          for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
-            const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
-            DecodeScoreRows<T>(R, krows + i, w.qt + r0 * g.D, g.D, w.st + r0 * kDecodeStride + i, pq);
-          }
-        if (capped)
-          DecodeSoftmax<true>(rows, p.scale, p.softcap, w, w0.lo, w0.hi);
-        else
-          DecodeSoftmax<false>(rows, p.scale, p.softcap, w, w0.lo, w0.hi);
-        RescaleRows(w, 0, rows, g.Dvp);
-        // Keys every row of a chunk sees go through the chunk's register tile; the rest row by row.
-        for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
-          const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
-          const SharedKeys k = IntersectRowRanges(w0.lo, w0.hi, r0, r0 + R, nk);
-          if (k.fast) DecodePvRange<T>(g, R, r0, k.a, k.e, w, pq);
-          ForRowRemainders(w0.lo, w0.hi, r0, r0 + R, k,
-                           [&](int64_t r, int64_t a, int64_t e) { DecodePvRange<T>(g, 1, r, a, e, w, pq); });
-        }
+        DecodeHeadBlock<T>(p, g, rows, nk, kpos, vpos, koff, voff, ws[hk], w0,
+                           whole_positions ? block_queue : head_queue);
       }
     }
+  }
 }
 
 // One decode task (decode mode): split `split` of sequence b for all kv heads, leaving the
