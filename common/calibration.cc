@@ -344,6 +344,12 @@ bool write_temp(const std::string& path, const std::string& text, std::string* e
 }  // namespace
 
 bool check_calibration_path(const std::string& path, std::string* error) {
+  // A folder at the path lets the temporary file be written but not renamed over it.
+  struct stat st {};
+  if (!path.empty() && ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    *error = path + ": is a folder, not a file";
+    return false;
+  }
   if (!write_temp(path, "", error)) return false;
   std::remove(temp_name(path).c_str());
   return true;

@@ -388,17 +388,24 @@ TEST_CASE("calibration: ioattn_tune writes a file later plans use, and refuses b
   CHECK(ioattn_tune(&bad) == IOATTN_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(ioattn_last_error()).find("opt.path") != std::string::npos);
   CHECK(ioattn_tune(nullptr) == IOATTN_ERROR_INVALID_ARGUMENT);
-  // A file where a folder must go: the run fails naming the path and writes nothing.
+  // A file where a folder must go, and a folder where the file must go: each run fails naming
+  // the path before it times anything, and writes nothing.
   const std::string blocked = path + "/under-a-file.json";
-  bad = opt;
-  bad.path = blocked.c_str();
-  bad.progress = nullptr;
-  CHECK(ioattn_tune(&bad) == IOATTN_ERROR_INVALID_ARGUMENT);
-  CHECK(std::string(ioattn_last_error()).find(blocked) != std::string::npos);
-  CHECK(read_file(path) == before);
+  const std::string folder = temp_path("tune/dir");
+  for (const std::string& unwritable : {blocked, folder}) {
+    INFO(unwritable);
+    Progress none;
+    bad = opt;
+    bad.path = unwritable.c_str();
+    bad.user = &none;
+    CHECK(ioattn_tune(&bad) == IOATTN_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(ioattn_last_error()).find("opt.path: " + unwritable) != std::string::npos);
+    CHECK(none.calls == 0);
+    CHECK(read_file(path) == before);
+  }
   // The file, then the two folders the run created for it.
   std::remove(path.c_str());
-  std::remove(temp_path("tune/dir").c_str());
+  std::remove(folder.c_str());
   std::remove(temp_path("tune").c_str());
 }
 
