@@ -8,6 +8,7 @@
 
 #include "common/online_softmax.h"
 #include "common/params.h"
+#include "gpu/sm80/primitives.cuh"
 
 namespace ioattn::gpu {
 
@@ -78,6 +79,56 @@ __device__ __forceinline__ float quad_sum(float l) {
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
   return l;
+}
+
+// Moves the running max of rows g and g + 8 (hr = 0, 1) over one tile's scores s times k, sets
+// each row's O rescale factor and the m_ref its exponent subtracts; clears `small` unless both
+// m_refs lie in the fused exponent's range (ScoreMode::kFusedLimit). One flag runs through all of
+// a warp's rows, so the checks chain as one predicate.
+template <int NT>
+__device__ __forceinline__ void update_row_max(float (&row_max)[2], const float (&s)[NT][4], float k,
+                                               float (&factor)[2], float (&m_ref)[2], bool& small) {
+  auto exp2_fn = [](float d) { return sm80::fast_exp2(d); };
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float r[2 * NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) r[2 * n] = s[n][2 * hr], r[2 * n + 1] = s[n][2 * hr + 1];
+    float m = fmaxf(row_max[hr], tree_reduce(r, [](float a, float b) { return fmaxf(a, b); }) * k);
+    m = quad_max(m);
+    factor[hr] = softmax::rescale_factor(row_max[hr], m, exp2_fn);
+    row_max[hr] = m;
+    m_ref[hr] = softmax::max_for_exp(m);
+    small &= fabsf(m_ref[hr]) < ScoreMode::kFusedLimit;
+  }
+}
+
+// Rewrites one tile's scores as the two-step argument __fmul_rn(x, k) - m_ref (rounded like the
+// max, never contracted into an FMA), after which k_exp = 1 and m_ref = 0 make the fused
+// expression exp2(fma(x, k_exp, -m_ref)) exact: the form for warps whose maxima left the fused
+// range.
+template <int NT>
+__device__ __forceinline__ void to_two_step(float (&s)[NT][4], float k, float (&m_ref)[2]) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) s[n][2 * hr + e] = __fmul_rn(s[n][2 * hr + e], k) - m_ref[hr];
+    m_ref[hr] = 0.f;
+  }
+}
+
+// The probabilities of row g + 8 hr in k16 slice kn (pe[h][e]: column 16 kn + 8 h + 2t + e, the
+// m16n8k16 A-fragment order P V reads); returns their sum.
+template <int NT>
+__device__ __forceinline__ float exp_slice(const float (&s)[NT][4], int kn, int hr, float k_exp, float m_ref,
+                                           float (&pe)[2][2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) pe[h][e] = sm80::fast_exp2(fmaf(s[2 * kn + h][2 * hr + e], k_exp, -m_ref));
+  return (pe[0][0] + pe[0][1]) + (pe[1][0] + pe[1][1]);
 }
 
 // Sets to -inf the scores of C-fragment row g + 8 hr (lane t of its quad) whose tile column is

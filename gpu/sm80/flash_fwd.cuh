@@ -282,40 +282,16 @@ struct FwdWarp {
   // factor and the m_ref its exponent subtracts; returns the exponent's multiplier k_exp.
   __device__ __forceinline__ float update_max(RowVals& row_max, float (&s)[MT][NT][4], float k, bool use_fused,
                                               float (&factor)[MT][2], float (&m_ref)[MT][2]) const {
-    auto exp2_fn = [](float d) { return fast_exp2(d); };
     bool small = true;
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        float r[2 * NT];
-#pragma unroll
-        for (int n = 0; n < NT; ++n) r[2 * n] = s[mt][n][2 * hr], r[2 * n + 1] = s[mt][n][2 * hr + 1];
-        float m = fmaxf(row_max[mt][hr], tree_reduce(r, [](float a, float b) { return fmaxf(a, b); }) * k);
-        m = quad_max(m);
-        factor[mt][hr] = softmax::rescale_factor(row_max[mt][hr], m, exp2_fn);
-        row_max[mt][hr] = m;
-        m_ref[mt][hr] = softmax::max_for_exp(m);
-        small &= fabsf(m_ref[mt][hr]) < ScoreMode::kFusedLimit;
-      }
-    // The exponent is exp2(fma(x, k_exp, -m_ref)). A warp whose maxima left the fused form's
-    // range first rewrites its scores as the two-step argument __fmul_rn(x, k) - m_ref (rounded
-    // like the max, never contracted into an FMA), after which k_exp = 1 and m_ref = 0 make the
-    // same expression exact. The common case thus keeps one straight-line block from here to the
-    // end of P V, inside which the compiler issues the exponentials, conversions and O rescale
-    // between the P V MMAs.
+    for (int mt = 0; mt < MT; ++mt) update_row_max(row_max[mt], s[mt], k, factor[mt], m_ref[mt], small);
+    // A warp whose maxima left the fused form's range takes the two-step form (to_two_step). The
+    // common case thus keeps one straight-line block from here to the end of P V, inside which
+    // the compiler issues the exponentials, conversions and O rescale between the P V MMAs.
     float k_exp = k;
     if (use_fused && !__all_sync(0xffffffffu, small)) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-#pragma unroll
-          for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) s[mt][n][2 * hr + e] = __fmul_rn(s[mt][n][2 * hr + e], k) - m_ref[mt][hr];
-          m_ref[mt][hr] = 0.f;
-        }
+      for (int mt = 0; mt < MT; ++mt) to_two_step(s[mt], k, m_ref[mt]);
       k_exp = 1.f;
     }
     return k_exp;
@@ -334,12 +310,7 @@ struct FwdWarp {
 #pragma unroll
         for (int kn = 0; kn < BN / 16; ++kn) {
           float pe[2][2];
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-              pe[h][e] = fast_exp2(fmaf(s[mt][2 * kn + h][2 * hr + e], k_exp, -m_ref[mt][hr]));
-          row_sum[mt][hr] += (pe[0][0] + pe[0][1]) + (pe[1][0] + pe[1][1]);
+          row_sum[mt][hr] += exp_slice(s[mt], kn, hr, k_exp, m_ref[mt][hr], pe);
           pa[kn][mt][hr] = Ops::pack(pe[0][0], pe[0][1]);
           pa[kn][mt][2 + hr] = Ops::pack(pe[1][0], pe[1][1]);
         }

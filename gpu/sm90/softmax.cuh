@@ -40,30 +40,11 @@ struct RowSoftmax {
   // form, as in the sm_80 kernel.
   __device__ __forceinline__ float update_max(float (&s)[NT][4], float k, bool use_fused, float (&factor)[2],
                                               float (&m_ref)[2]) {
-    auto exp2_fn = [](float d) { return sm80::fast_exp2(d); };
     bool small = true;
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      float r[2 * NT];
-#pragma unroll
-      for (int n = 0; n < NT; ++n) r[2 * n] = s[n][2 * hr], r[2 * n + 1] = s[n][2 * hr + 1];
-      float m = fmaxf(row_max[hr], tree_reduce(r, [](float a, float b) { return fmaxf(a, b); }) * k);
-      m = quad_max(m);
-      factor[hr] = softmax::rescale_factor(row_max[hr], m, exp2_fn);
-      row_max[hr] = m;
-      m_ref[hr] = softmax::max_for_exp(m);
-      small &= fabsf(m_ref[hr]) < ScoreMode::kFusedLimit;
-    }
+    update_row_max(row_max, s, k, factor, m_ref, small);
     float k_exp = k;
     if (use_fused && !__all_sync(0xffffffffu, small)) {
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) s[n][2 * hr + e] = __fmul_rn(s[n][2 * hr + e], k) - m_ref[hr];
-        m_ref[hr] = 0.f;
-      }
+      to_two_step(s, k, m_ref);
       k_exp = 1.f;
     }
     return k_exp;
@@ -80,11 +61,7 @@ struct RowSoftmax {
 #pragma unroll
       for (int kn = 0; kn < NT / 2; ++kn) {
         float pe[2][2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) pe[h][e] = sm80::fast_exp2(fmaf(s[2 * kn + h][2 * hr + e], k_exp, -m_ref[hr]));
-        row_sum[hr] += (pe[0][0] + pe[0][1]) + (pe[1][0] + pe[1][1]);
+        row_sum[hr] += exp_slice(s, kn, hr, k_exp, m_ref[hr], pe);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const auto pair = sm80::ElemPair<Elem>::round(pe[h][0], pe[h][1]);
