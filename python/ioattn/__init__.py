@@ -4,7 +4,7 @@ The attention functions have FlashAttention's names and semantics (flash_attn_fu
 flash_attn_varlen_func, flash_attn_with_kvcache) on the library's contract (docs/api.md):
 tensors are (batch, seqlen, heads, head_dim); causal masks and windows are aligned to the
 bottom-right corner (key j is visible to query i iff j <= i + Sk - Sq); window=(left, right) with
--1 for unbounded; scale None means 1/sqrt(head_dim); lse is the natural-log sum of exponentials in
+-1 for unbounded; scale None (or <= 0) means 1/sqrt(head_dim); lse is the natural-log sum of exponentials in
 float32. Strides are honoured and nothing is copied; a layout the library cannot take (a head_dim
 that is not contiguous) raises ValueError.
 
@@ -43,6 +43,10 @@ _NUMPY_DTYPES = (_np.dtype(_np.float32), _np.dtype(_np.float16))
 
 
 def _numpy(x, name, rank):
+    if _core.is_torch(x):
+        raise ValueError(
+            f"{name}: a torch.Tensor beside a numpy q: pass numpy arrays for every array (or torch tensors for all)"
+        )
     if not isinstance(x, _np.ndarray):
         raise TypeError(f"{name}: expected a numpy array or a torch tensor, got {type(x).__name__}")
     if x.ndim != rank:
@@ -140,8 +144,9 @@ def attention_varlen(
     cu_seqlens_q, cu_seqlens_k = _numpy(cu_seqlens_q, "cu_seqlens_q", 1), _numpy(cu_seqlens_k, "cu_seqlens_k", 1)
     _check_max_seqlen(cu_seqlens_q, max_seqlen_q, "q")
     _check_max_seqlen(cu_seqlens_k, max_seqlen_k, "k")
-    out = _np.empty(q.shape[:2] + v.shape[2:], dtype=_numpy_dtype(q))
-    lse = _np.empty((q.shape[1], q.shape[0]), dtype=_np.float32) if return_lse else None
+    # Rows outside [cu_seqlens_q[0], cu_seqlens_q[-1]) belong to no sequence: 0 and lse -inf.
+    out = _np.zeros(q.shape[:2] + v.shape[2:], dtype=_numpy_dtype(q))
+    lse = _np.full((q.shape[1], q.shape[0]), -_np.inf, dtype=_np.float32) if return_lse else None
     _core.run_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, causal=causal, window=window, softcap=softcap, scale=scale
     )
@@ -199,6 +204,10 @@ def attention_kvcache(
         v_new = _numpy(v_new, "v_new", 4)
     if block_table is not None:
         block_table = _numpy(block_table, "block_table", 2)
+    if k_new is not None:
+        for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if not cache.flags.writeable:
+                raise ValueError(f"{name}: read-only, and k_new/v_new are appended into it in place")
     out = _np.empty(q.shape[:3] + v_cache.shape[3:], dtype=_numpy_dtype(q))
     lse = _np.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_np.float32) if return_lse else None
     _core.run_kvcache(
@@ -290,7 +299,7 @@ def _cli_args(command, kw, allowed=_PROBLEM_KEYWORDS):
             if value:
                 args.append(flag)
         elif name == "window":
-            left, right = _core._window(value)
+            left, right = _core.window_pair(value)
             args.append(f"{flag}={left},{right}")
         elif name in ("hw", "hw_file"):
             values = [value] if isinstance(value, (str, _os.PathLike)) else list(value)

@@ -10,6 +10,7 @@ nothing is written when one is raised.
 """
 
 import math
+import operator
 import sys
 
 from . import _ext
@@ -73,25 +74,36 @@ def _input(x):
     return _dlpack(x)
 
 
-def _window(window):
+_INT32_MAX = 2**31 - 1
+
+
+def window_pair(window):
+    """(left, right) as Python ints from a pair of integers (None: unbounded both sides); the
+    library's rule (-1 = unbounded, else >= 0) is checked by the library itself."""
+    if window is None:
+        return -1, -1
     try:
         left, right = window
+        left, right = operator.index(left), operator.index(right)
     except (TypeError, ValueError):
-        raise ValueError(f"window: expected a pair (left, right), -1 for unbounded, got {window!r}") from None
-    return int(left), int(right)
+        raise ValueError(f"window: expected a pair (left, right) of integers, -1 for unbounded, got {window!r}") from None
+    for name, x in (("window_left", left), ("window_right", right)):
+        if not -_INT32_MAX <= x <= _INT32_MAX:
+            raise ValueError(f"{name}={x}: out of the 32-bit range the library takes (-1 for unbounded)")
+    return left, right
 
 
 def _scale(scale):
     if scale is None:
         return 0.0  # the library's 1/sqrt(head_dim)
     scale = float(scale)
-    if not (scale > 0 and math.isfinite(scale)):
-        raise ValueError(f"scale={scale!r}: expected a finite value > 0, or None for 1/sqrt(head_dim)")
-    return scale
+    if not math.isfinite(scale):
+        raise ValueError(f"scale={scale!r}: expected a finite value (<= 0 or None: 1/sqrt(head_dim))")
+    return max(scale, 0.0)  # the contract's scale <= 0, passed as the library's 0
 
 
 def _options(causal, window, softcap, scale, num_threads):
-    left, right = _window(window)
+    left, right = window_pair(window)
     return (bool(causal), left, right, float(softcap), _scale(scale)), int(num_threads)
 
 

@@ -245,7 +245,7 @@ def ring_attention(
     travel (GQA); partials are merged in float32 and out is rounded once at the end.
     """
     _check_inputs(q, k, v)
-    left, right = _core._window(window)
+    left, right = _core.window_pair(window)
     lo, hi = _band(bool(causal), (left, right))
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)

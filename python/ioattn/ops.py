@@ -29,6 +29,8 @@ error at backward time. The public wrappers :func:`attention`, :func:`attention_
 
 from __future__ import annotations
 
+import operator
+
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -45,12 +47,29 @@ _TAGS = (torch.Tag.needs_fixed_stride_order,) if hasattr(torch.Tag, "needs_fixed
 _DEVICES = ("cpu", "cuda")
 
 
-def _outputs(q: Tensor, shapes, return_lse: bool):
-    """out in q's dtype and, when requested, lse in float32 (else None: the kernel skips it)."""
+def _outputs(q: Tensor, shapes, return_lse: bool, filled: bool = False):
+    """out in q's dtype and, when requested, lse in float32 (else None: the kernel skips it).
+    filled: out 0 and lse -inf, what a row gets that no sequence owns (varlen rows outside
+    cu_seqlens_q, which the library leaves untouched)."""
     out_shape, lse_shape = shapes
-    out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
+    if filled:
+        out = torch.zeros(out_shape, dtype=q.dtype, device=q.device)
+        lse = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device) if return_lse else None
+    else:
+        out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
     return out, lse
+
+
+def _check_tensors(fn: str, **arrays) -> None:
+    """Every array argument of a torch call is a torch.Tensor (or None where optional): torch's
+    dispatcher would otherwise reject a numpy array with an error that names no argument."""
+    for name, x in arrays.items():
+        if x is not None and not isinstance(x, Tensor):
+            raise ValueError(
+                f"ioattn.{fn}: {name} is a {type(x).__module__}.{type(x).__name__} beside a torch.Tensor q: "
+                "pass torch tensors for every array (or numpy arrays for all)"
+            )
 
 
 def _returned(q: Tensor, out: Tensor, lse: Optional[Tensor]):
@@ -135,7 +154,7 @@ def _attention_varlen_op(
 ) -> Tuple[Tensor, Tensor]:
     # max_seqlen_q / max_seqlen_k are FlashAttention's launch hints; the library reads the
     # lengths from cu_seqlens itself, so they are accepted and not needed.
-    out, lse = _outputs(q, _varlen_shapes(q, v), return_lse)
+    out, lse = _outputs(q, _varlen_shapes(q, v), return_lse, filled=True)
     _core.run_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse,
         causal=causal, window=(window_left, window_right), softcap=softcap, scale=scale,
@@ -202,16 +221,6 @@ _ATTENTION_VARLEN = torch.ops.ioattn.attention_varlen.default
 _ATTENTION_KVCACHE = torch.ops.ioattn.attention_kvcache.default
 
 
-def _window(window: WindowArg) -> Tuple[int, int]:
-    if window is None:
-        return -1, -1
-    try:
-        left, right = window
-    except (TypeError, ValueError):
-        raise ValueError(f"ioattn: window must be a pair (left, right) of ints, -1 = unbounded; got {window!r}") from None
-    return int(left), int(right)
-
-
 def _scale(scale: Optional[float]) -> Optional[float]:
     return None if scale is None else float(scale)
 
@@ -230,10 +239,11 @@ def attention(
     """Exact attention on (B, S, H, D) tensors (FlashAttention's flash_attn_func layout).
 
     q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv) with Hq % Hkv == 0 (GQA/MQA);
-    causal and windows are bottom-right aligned; ``scale`` None means 1/sqrt(D); ``softcap``
-    0 is off. Returns out (B, Sq, Hq, Dv), or (out, lse) with lse float32 (B, Hq, Sq).
+    causal and windows are bottom-right aligned; ``scale`` None or <= 0 means 1/sqrt(D);
+    ``softcap`` 0 is off. Returns out (B, Sq, Hq, Dv), or (out, lse) with lse float32 (B, Hq, Sq).
     """
-    wl, wr = _window(window)
+    _check_tensors("attention", k=k, v=v)
+    wl, wr = _core.window_pair(window)
     out, lse = _ATTENTION(
         q, k, v, bool(causal), wl, wr, float(softcap), _scale(scale), bool(return_lse)
     )
@@ -258,9 +268,11 @@ def attention_varlen(
     """Packed variable-length batch (FlashAttention's flash_attn_varlen_func layout).
 
     q (total_q, Hq, D), k/v (total_k, Hkv, D/Dv), cu_seqlens_q/k int32 (batch + 1,) on q's
-    device. Returns out (total_q, Hq, Dv), or (out, lse) with lse float32 (Hq, total_q).
+    device. Returns out (total_q, Hq, Dv), or (out, lse) with lse float32 (Hq, total_q); rows
+    outside [cu_seqlens_q[0], cu_seqlens_q[-1]) belong to no sequence and get 0 and lse -inf.
     """
-    wl, wr = _window(window)
+    _check_tensors("attention_varlen", k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    wl, wr = _core.window_pair(window)
     out, lse = _ATTENTION_VARLEN(
         q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
         bool(causal), wl, wr, float(softcap), _scale(scale), bool(return_lse),
@@ -293,9 +305,19 @@ def attention_kvcache(
     """
     if (k_new is None) != (v_new is None):
         raise ValueError("ioattn.attention_kvcache: k_new and v_new must be given together")
-    if isinstance(cache_seqlens, int):
-        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
-    wl, wr = _window(window)
+    if not isinstance(cache_seqlens, Tensor):
+        try:
+            length = operator.index(cache_seqlens)  # an int, numpy's too: every sequence's length
+        except TypeError:
+            raise ValueError(
+                f"ioattn.attention_kvcache: cache_seqlens must be an int32 tensor (B,) or an int, "
+                f"got {type(cache_seqlens).__name__}"
+            ) from None
+        cache_seqlens = torch.full((q.shape[0],), length, dtype=torch.int32, device=q.device)
+    _check_tensors(
+        "attention_kvcache", k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, block_table=block_table
+    )
+    wl, wr = _core.window_pair(window)
     out, lse = _ATTENTION_KVCACHE(
         q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
         bool(causal), wl, wr, float(softcap), _scale(scale), bool(return_lse),

@@ -19,7 +19,13 @@ What runs where:
   a packed variable-length batch: the valid tokens are gathered, ``attention_varlen`` runs, and
   the output is scattered back with zeros at padded query rows. Packed sequences given by
   ``position_ids`` restarting inside a row without a mask, or by ``cu_seq_lens_q/k`` (a
-  padding-free collator), run as varlen too, as with FlashAttention-2 in transformers.
+  padding-free collator), run as varlen too, as with FlashAttention-2 in transformers. Under
+  ``torch.compile`` the ``position_ids`` check (which reads the positions) is skipped: packed
+  rows then need ``cu_seq_lens_q/k``.
+- A static cache without a padding mask has key slots past the tokens written so far. The mask
+  function then passes the keys in use per sequence, an int32 (B,) tensor computed from
+  transformers' offsets without reading them, and the attention runs through
+  ``attention_kvcache`` over that many keys (no copy, no host sync, so it compiles).
 - A 4-D mask passed in by the caller is accepted when it is a padding mask on top of the causal
   (and sliding-window) pattern, which is checked exactly; any other mask (an additive bias,
   a document mask, a ``BlockMask``) raises ``NotImplementedError``.
@@ -55,15 +61,27 @@ def ioattn_attention_mask(
     attention_mask: Optional[torch.Tensor] = None,
     **kwargs,
 ):
-    """The mask transformers builds for ``"ioattn"``: None, or the 2-D bool padding mask.
+    """The mask transformers builds for ``"ioattn"``: None, the 2-D bool padding mask, or, for a
+    static cache without padding, the keys in use per sequence as an int32 (B,) tensor.
 
     Same contract as transformers' ``flash_attention_mask``: the causal and sliding-window
     patterns are not materialised (the kernels apply them); only padding is passed on.
     """
-    if attention_mask is not None:
-        attention_mask = attention_mask[:, -kv_length:]
-        if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
-            return None
+    if attention_mask is None:
+        # The keys hold kv_length slots from kv_offset; the tokens written so far end at
+        # q_offset + q_length. A static cache passes q_offset as a tensor (reading it would break
+        # a compiled graph), and only a static cache has slots past the tokens.
+        in_use = q_offset + q_length - kv_offset
+        if isinstance(in_use, torch.Tensor):
+            return in_use.to(torch.int32).reshape(1).repeat(batch_size)
+        if in_use < kv_length:
+            return torch.full((batch_size,), in_use, dtype=torch.int32, device=kwargs.get("device"))
+        return None
+    if attention_mask.dim() == 1:
+        return attention_mask  # keys in use, made by this function (generate builds masks ahead)
+    attention_mask = attention_mask[:, -kv_length:]
+    if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
+        return None
     return attention_mask
 
 
@@ -186,7 +204,7 @@ def _packed_from_position_ids(position_ids: Optional[torch.Tensor], B: int, S: i
     """Packed sequences (positions restarting inside a row) -> segment validity, else None."""
     if position_ids is None or not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2:
         return None
-    if position_ids.shape[-1] != S or S <= 1:
+    if position_ids.shape[-1] != S or S <= 1 or torch.compiler.is_compiling():
         return None
     pos = position_ids.expand(B, S)
     starts = torch.diff(pos, dim=-1) != 1  # (B, S-1): a new sequence starts at s+1
@@ -245,6 +263,13 @@ def ioattn_attention_forward(
         # padding-free batches (DataCollatorWithFlattening): sequences already packed in one row
         return _varlen_rows(q, k, v, cu_q, cu_k, kwargs.get("max_length_q"), kwargs.get("max_length_k"),
                             causal, window, softcap, scaling), None
+
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 1:
+        # keys in use per sequence (ioattn_attention_mask, a static cache): q is their last Sq
+        out = ops.attention_kvcache(
+            q, k, v, attention_mask, causal=causal, window=window, softcap=softcap, scale=scaling
+        )
+        return out, None
 
     padding = None
     if attention_mask is not None:

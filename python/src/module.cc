@@ -30,8 +30,10 @@ namespace nb = nanobind;
 
 namespace {
 
-using In = nb::ndarray<nb::ro>;  // read: q, k, v, k_new, v_new, cu_seqlens, cache_seqlens, block_table
-using Out = nb::ndarray<>;       // written: out, lse, the cache
+// read: q, k, v, k_new, v_new, cu_seqlens, cache_seqlens, block_table; and the cache, which only an
+// append writes (the Python layer refuses a read-only cache then), so a read-only one can be read
+using In = nb::ndarray<nb::ro>;
+using Out = nb::ndarray<>;  // written: out, lse
 
 constexpr int kDeviceCpu = 1, kDeviceCudaHost = 3, kDeviceCuda = 2, kDeviceCudaManaged = 13;
 
@@ -286,7 +288,7 @@ void forward_varlen(const In& q, const In& k, const In& v, const In& cu_seqlens_
   check(s);
 }
 
-void forward_kvcache(const In& q, const Out& k_cache, const Out& v_cache, const In& cache_seqlens, const In& k_new,
+void forward_kvcache(const In& q, const In& k_cache, const In& v_cache, const In& cache_seqlens, const In& k_new,
                      const In& v_new, const In& block_table, const Out& out, const Out& lse, bool causal,
                      int32_t window_left, int32_t window_right, float softcap, float scale, int32_t backend,
                      int32_t num_threads, uintptr_t stream) {

@@ -106,6 +106,41 @@ def test_varlen_matches_per_sequence_reference(rng, dtype, opts):
         check_attention(q[None, rq], k[None, rk], v[None, rk], out[None, rq], lse[None, :, rq], **opts)
 
 
+def test_varlen_rows_outside_the_sequences_are_empty(rng):
+    """Rows of q before cu_seqlens_q[0] or past cu_seqlens_q[-1] belong to no sequence: out 0, lse -inf."""
+    q = randn(rng, (7, 2, 8), F32)
+    cu = np.array([1, 3, 5], np.int32)
+    out, lse = ioattn.attention_varlen(q, q, q, cu, cu, 2, 2, return_lse=True)
+    for row in (0, 5, 6):
+        assert np.all(out[row] == 0) and np.all(lse[:, row] == -np.inf)
+    for b in range(2):
+        r = slice(cu[b], cu[b + 1])
+        check_attention(q[None, r], q[None, r], q[None, r], out[None, r], lse[None, :, r])
+
+
+def test_scale_zero_or_negative_means_default(rng):
+    """docs/api.md: scale <= 0 means 1/sqrt(D), as None does."""
+    q, k, v = (randn(rng, (2, 9, 2, 16), F32) for _ in range(3))
+    default = ioattn.attention(q, k, v)
+    for scale in (0.0, -1.0, -0.0):
+        assert np.array_equal(ioattn.attention(q, k, v, scale=scale), default), scale
+    assert np.array_equal(ioattn.attention(q, k, v, window=None), default)
+
+
+def test_kvcache_read_only_cache(rng):
+    """A read-only cache can be attended over; an append into it is refused and writes nothing."""
+    k_cache, v_cache = randn(rng, (2, 12, 2, 16), F32), randn(rng, (2, 12, 2, 16), F32)
+    k_cache.flags.writeable = v_cache.flags.writeable = False
+    q = randn(rng, (2, 1, 4, 16), F32)
+    out = ioattn.attention_kvcache(q, k_cache, v_cache, np.int32(7))
+    check_attention(q, k_cache[:, :7], v_cache[:, :7], out, None)
+    before = k_cache.copy()
+    new = randn(rng, (2, 1, 2, 16), F32)
+    with pytest.raises(ValueError, match="k_cache: read-only"):
+        ioattn.attention_kvcache(q, k_cache, v_cache, 7, k_new=new, v_new=new)
+    assert np.array_equal(k_cache, before)
+
+
 def test_varlen_max_seqlen_is_checked(rng):
     cu = np.array([0, 4, 10], np.int32)
     q = randn(rng, (10, 2, 8), F32)
@@ -252,7 +287,9 @@ def _dense_error_cases(rng):
     yield "float64", (q.astype(np.float64), kv.astype(np.float64), kv.astype(np.float64)), {}, ValueError, "float64"
     yield "window", (q, kv, kv), {"window": (-2, 0)}, ValueError, "window_left"
     yield "softcap", (q, kv, kv), {"softcap": -1.0}, ValueError, "softcap"
-    yield "scale", (q, kv, kv), {"scale": -1.0}, ValueError, "scale"
+    yield "scale", (q, kv, kv), {"scale": float("nan")}, ValueError, "scale"
+    yield "window beyond int32", (q, kv, kv), {"window": (2**40, 0)}, ValueError, "window_left"
+    yield "window not integers", (q, kv, kv), {"window": (1.7, 0)}, ValueError, "window"
     yield "negative stride", (q[:, ::-1], kv, kv), {}, ValueError, "stride"
     yield "head_dim > 512", tuple(randn(rng, (1, 2, 1, 520), F32) for _ in range(3)), {}, NotImplementedError, "head"
 

@@ -173,6 +173,20 @@ def test_scale(device):
     assert not torch.allclose(out, ioattn.attention(q, k, v))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_scale_zero_or_negative_means_default(device):
+    """docs/api.md: scale <= 0 means 1/sqrt(D), as None does; through the op too."""
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = (rand((1, 9, 2, 16), torch.float32, device, gen) for _ in range(3))
+    default = ioattn.attention(q, k, v)
+    for scale in (0.0, -2.5):
+        assert torch.equal(ioattn.attention(q, k, v, scale=scale), default)
+        out, _ = torch.ops.ioattn.attention.default(q, k, v, False, -1, -1, 0.0, scale, False)
+        assert torch.equal(out, default)
+    with pytest.raises(ValueError, match="scale"):
+        ioattn.attention(q, k, v, scale=float("inf"))
+
+
 def test_lse_matches_logsumexp_of_scaled_scores():
     gen = torch.Generator().manual_seed(7)
     q, k, v = (rand((1, 11, 2, 16), torch.float32, "cpu", gen) for _ in range(3))
@@ -350,8 +364,41 @@ def test_error_bad_heads_raises_value_error():
 
 def test_error_bad_window_argument():
     q = torch.randn(1, 4, 2, 16)
-    with pytest.raises(ValueError):
-        ioattn.attention(q, q, q, window=5)
+    for window, pattern in ((5, "pair"), ((2**40, 0), "window_left"), ((0, 1.5), "integers"), ((-3, 0), "window")):
+        with pytest.raises(ValueError, match=pattern):
+            ioattn.attention(q, q, q, window=window)
+
+
+def test_error_numpy_beside_torch_names_the_argument():
+    """A numpy array where a torch call needs a tensor: ValueError naming it, nothing written."""
+    import numpy as np
+
+    q = torch.randn(1, 4, 2, 16)
+    with pytest.raises(ValueError, match="k is a numpy.ndarray"):
+        ioattn.attention(q, q.numpy(), q)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_k is a numpy.ndarray"):
+        ioattn.attention_varlen(q[0], q[0], q[0], cu, cu.numpy(), 4, 4)
+    k_cache = torch.randn(1, 8, 2, 16)
+    k0 = k_cache.clone()
+    with pytest.raises(ValueError, match="k_new is a numpy.ndarray"):
+        ioattn.attention_kvcache(q, k_cache, k_cache.clone(), 2, k_new=q.numpy(), v_new=q)
+    assert torch.equal(k_cache, k0)
+    with pytest.raises(ValueError, match="q: .*torch.Tensor|torch.Tensor beside a numpy q"):
+        ioattn.attention(q.numpy(), q, q.numpy())
+    # cache_seqlens as numpy's integer scalar: every sequence's length, as a Python int is.
+    out = ioattn.attention_kvcache(q, k_cache, k_cache, np.int32(5))
+    torch.testing.assert_close(out, ioattn.attention(q, k_cache[:, :5], k_cache[:, :5]), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_varlen_rows_outside_the_sequences_are_empty(device):
+    gen = torch.Generator().manual_seed(9)
+    q = rand((7, 2, 8), torch.float32, device, gen)
+    cu = torch.tensor([1, 3, 5], dtype=torch.int32, device=device)
+    out, lse = ioattn.attention_varlen(q, q, q, cu, cu, 2, 2, return_lse=True)
+    for row in (0, 5, 6):
+        assert bool((out[row] == 0).all()) and bool((lse[:, row] == float("-inf")).all())
 
 
 def test_error_kvcache_leaves_cache_untouched():

@@ -120,6 +120,37 @@ def test_llama_static_cache_matches_sdpa(calls):
     assert torch.equal(ours, theirs)
 
 
+def test_llama_static_cache_without_mask_matches_sdpa(calls):
+    """No padding mask: the cache's unused slots past the tokens must stay invisible (the mask
+    function passes the keys in use; the attention runs over that many through the kvcache op)."""
+    config = llama_config()
+    ids = torch.randint(2, 128, (2, 9), generator=torch.Generator().manual_seed(4))
+    models = {impl: build(transformers.LlamaForCausalLM, config, impl) for impl in ("ioattn", "sdpa")}
+    with torch.no_grad():
+        logits = {
+            impl: m(input_ids=ids, past_key_values=transformers.StaticCache(config=m.config, max_cache_len=16)).logits
+            for impl, m in models.items()
+        }
+        torch.testing.assert_close(logits["ioattn"], logits["sdpa"], rtol=1e-5, atol=1e-5)
+        kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, cache_implementation="static")
+        ours, theirs = (models[impl].generate(ids[:1], **kw) for impl in ("ioattn", "sdpa"))
+    assert torch.equal(ours, theirs)
+
+
+def test_llama_compiles_fullgraph():
+    """torch.compile(fullgraph=True) traces the model through the custom ops: no graph break from
+    the attention function (aot_eager: the tracing is what is tested, not inductor's code)."""
+    config = llama_config()
+    ids = torch.randint(2, 128, (2, 9), generator=torch.Generator().manual_seed(5))
+    model = build(transformers.LlamaForCausalLM, config, "ioattn")
+    with torch.no_grad():
+        eager = model(input_ids=ids).logits
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(input_ids=ids).logits
+        sdpa = build(transformers.LlamaForCausalLM, config, "sdpa")(input_ids=ids).logits
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    torch.testing.assert_close(compiled, sdpa, rtol=1e-5, atol=1e-5)
+
+
 def test_llama_right_padded_forward_matches_sdpa(calls):
     config = llama_config()
     ids, mask = _padded_batch("right")
