@@ -12,6 +12,7 @@
 
 #include "common/backend.h"
 #include "common/calibration.h"
+#include "common/cpu_tiles.h"
 #include "common/hardware.h"
 #include "common/params.h"
 #include "common/status.h"
@@ -21,8 +22,6 @@ namespace ioattn {
 namespace {
 
 thread_local std::string t_last_error;
-
-constexpr int64_t kMaxCpuHeadDim = 512;
 
 template <class... Args>
 std::string format(const char* fmt, Args... args) {
@@ -139,9 +138,9 @@ Status check_backend(const ioattn_options& opt, int64_t head_dim, int64_t head_d
       return Status::unsupported("opt.backend=CUDA: no usable CUDA device or this build has no CUDA backend");
     return Status::ok();
   }
-  if (head_dim > kMaxCpuHeadDim || head_dim_v > kMaxCpuHeadDim)
+  if (head_dim > cpu_max_head_dim || head_dim_v > cpu_max_head_dim)
     return Status::unsupported(format("head_dim=%lld / head_dim_v=%lld: the CPU backend supports head dims 1..%lld",
-                                      (long long)head_dim, (long long)head_dim_v, (long long)kMaxCpuHeadDim));
+                                      (long long)head_dim, (long long)head_dim_v, (long long)cpu_max_head_dim));
   return Status::ok();
 }
 

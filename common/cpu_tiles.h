@@ -78,6 +78,10 @@ struct CpuCallFacts {
   double head_copy_bytes = 0;  // one unit's fp32 K/V copy in head mode
 };
 
+// The CPU kernels' largest head dim (D and Dv): scratch rows and the register tiles' column
+// chunks are sized for it.
+constexpr int64_t cpu_max_head_dim = 512;
+
 // Head mode's copy per worker at most: a 16k-key head at D = Dv = 512. Longer heads run in tile
 // mode, whose scratch does not grow with the sequence.
 constexpr int64_t cpu_max_head_copy_bytes = int64_t(64) << 20;

@@ -168,6 +168,21 @@ TEST_CASE("hand-checked CPU plans") {
   }
 }
 
+TEST_CASE("CPU plans say a head dim past the kernels' limit is unsupported") {
+  const int64_t dmax = cpu_max_head_dim;
+  for (const HardwareProfile& hw : ioattn::test::cpu_profiles())
+    for (const auto& [d, dv] : {std::pair<int64_t, int64_t>{dmax, dmax}, {dmax + 1, dmax}, {64, dmax + 1}}) {
+      INFO(hw.name << " D=" << d << " Dv=" << dv);
+      Problem pr = make_problem(8, 8, 512, 512, d);
+      pr.head_dim_v = dv;
+      const Plan plan = plan_cpu(pr, hw);
+      const bool fits = d <= dmax && dv <= dmax;
+      CHECK(plan.supported == fits);
+      CHECK((plan.rationale.find("unsupported") != std::string::npos) == !fits);
+      CHECK(plan.block_q > 0);
+    }
+}
+
 TEST_CASE("an overridden CPU tile carries its own working set") {
   // cpu::plan_for_params plans on the host, then replaces the tile with AttnParams::tiling. The
   // working set must be the one of the tile that runs (the traffic model spills a working set
