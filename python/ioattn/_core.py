@@ -80,6 +80,10 @@ _INT32_MAX = 2**31 - 1
 def window_pair(window):
     """(left, right) as Python ints from a pair of integers (None: unbounded both sides); the
     library's rule (-1 = unbounded, else >= 0) is checked by the library itself."""
+    if type(window) is tuple and len(window) == 2:  # the common case, checked in a few steps
+        left, right = window
+        if type(left) is int and type(right) is int and abs(left) <= _INT32_MAX and abs(right) <= _INT32_MAX:
+            return window
     if window is None:
         return -1, -1
     try:

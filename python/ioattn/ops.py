@@ -242,7 +242,8 @@ def attention(
     causal and windows are bottom-right aligned; ``scale`` None or <= 0 means 1/sqrt(D);
     ``softcap`` 0 is off. Returns out (B, Sq, Hq, Dv), or (out, lse) with lse float32 (B, Hq, Sq).
     """
-    _check_tensors("attention", k=k, v=v)
+    if type(k) is not Tensor or type(v) is not Tensor:  # the check's own cost kept off the common case
+        _check_tensors("attention", k=k, v=v)
     wl, wr = _core.window_pair(window)
     out, lse = _ATTENTION(
         q, k, v, bool(causal), wl, wr, float(softcap), _scale(scale), bool(return_lse)
