@@ -149,6 +149,11 @@ def test_llama_compiles_fullgraph():
         sdpa = build(transformers.LlamaForCausalLM, config, "sdpa")(input_ids=ids).logits
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
     torch.testing.assert_close(compiled, sdpa, rtol=1e-5, atol=1e-5)
+    # A static cache without a mask: the keys in use travel as a tensor, so this compiles too.
+    with torch.no_grad():
+        cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+        static = torch.compile(model, fullgraph=True, backend="aot_eager")(input_ids=ids, past_key_values=cache).logits
+    torch.testing.assert_close(static, sdpa, rtol=1e-5, atol=1e-5)
 
 
 def test_llama_right_padded_forward_matches_sdpa(calls):
