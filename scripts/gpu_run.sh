@@ -213,7 +213,7 @@ if [[ " $steps " == *" python "* ]]; then
   {
     python3 --version
     python3 -m pip wheel --no-build-isolation --no-deps -w "$wheel_dir/dist" -Ccmake.define.IOATTN_CUDA=OFF \
-      -Cbuild-dir="$wheel_dir/build" "$root" &&
+      -Ccmake.define.CMAKE_PREFIX_PATH="$prefix/usr" -Cbuild-dir="$wheel_dir/build" "$root" &&
       python3 -m pip install -q --no-deps --no-compile --target "$wheel_dir/site" "$wheel_dir"/dist/*.whl &&
       ls "$wheel_dir/dist" &&
       (cd /tmp && PYTHONPATH="$wheel_dir/site:$PYTHONPATH" python3 -m pytest -q -p no:cacheprovider \

@@ -56,7 +56,7 @@ def test_forward_torch(device, dtype, opts):
 @pytest.mark.parametrize("device", DEVICES)
 def test_strided_views_zero_copy(device):
     gen = torch.Generator().manual_seed(3)
-    B, S, H, D = 2, 21, 4, 32
+    B, S, H, D = 2, 21, 4, 64 if device == "cuda" else 32  # the CUDA kernels' smallest head dim
     # q, k, v as (B, H, S, D) storage seen as (B, S, H, D), the layout of a fused projection.
     qkv = torch.randn(B, 3 * H, S, D, generator=gen).to(device)
     q, k, v = (x.transpose(1, 2) for x in qkv.split(H, dim=1))
@@ -71,8 +71,9 @@ def test_strided_views_zero_copy(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_requires_grad_inputs(device):
-    q = torch.randn(1, 5, 2, 16, device=device, requires_grad=True)
-    out = torch.empty(1, 5, 2, 16, device=device)
+    D = 64 if device == "cuda" else 16
+    q = torch.randn(1, 5, 2, D, device=device, requires_grad=True)
+    out = torch.empty(1, 5, 2, D, device=device)
     _core.run_forward(q, q, q, out, None, **OPTS)
     check(q, q, q, out, None)
 
@@ -90,8 +91,9 @@ def test_varlen_torch(device):
     gen = torch.Generator().manual_seed(5)
     lens = [4, 0, 11]
     cu = torch.tensor([0, 4, 4, 15], dtype=torch.int32, device=device)
-    q = torch.randn(15, 4, 32, generator=gen).to(device, torch.bfloat16)
-    k = torch.randn(15, 2, 32, generator=gen).to(device, torch.bfloat16)
+    D = 64 if device == "cuda" else 32
+    q = torch.randn(15, 4, D, generator=gen).to(device, torch.bfloat16)
+    k = torch.randn(15, 2, D, generator=gen).to(device, torch.bfloat16)
     out = torch.full_like(q, SENTINEL)
     lse = torch.full((4, 15), SENTINEL, device=device)
     _core.run_varlen(q, k, k, cu, cu, out, lse, **{**OPTS, "causal": True})
@@ -117,6 +119,12 @@ def test_paged_kvcache_torch(device, cache_dtype):
     k_new = torch.randn(B, s_new, Hkv, D, generator=gen).to(device)
     v_new = torch.randn(B, s_new, Hkv, D, generator=gen).to(device)
     out = torch.full_like(q, SENTINEL)
+    if device == "cuda" and cache_dtype != q.dtype:
+        # docs/api.md: a half-precision cache under f32 activations runs on the CPU backend only.
+        with pytest.raises(NotImplementedError, match="CPU backend only"):
+            _core.run_kvcache(q, k_cache, v_cache, seqlens, k_new, v_new, block_table, out, None, **OPTS)
+        assert torch.equal(k_cache, before) and bool((out == SENTINEL).all())
+        return
     _core.run_kvcache(q, k_cache, v_cache, seqlens, k_new, v_new, block_table, out, None, **{**OPTS, "causal": True})
     for b in range(B):
         n = int(seqlens[b])

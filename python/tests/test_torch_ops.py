@@ -94,6 +94,22 @@ def check(out, q, k, v, lse=None, **kw):
             assert err <= bound, f"max|lse - ref| = {err:.3g} > {bound:.3g}"
 
 
+# The head dims the CUDA kernels are instantiated for (docs/api.md); others are NotImplementedError.
+CUDA_HEAD_DIMS = (64, 96, 128, 256)
+
+
+def dims(device, D, Dv=None):
+    """A case's (D, Dv) on the device: on CUDA the smallest instantiated head dims at or above them,
+    kept distinct where the case's differ (the CPU runs every head dim as written)."""
+    Dv = D if Dv is None else Dv
+    if device != "cuda":
+        return D, Dv
+    up = lambda d: next(x for x in CUDA_HEAD_DIMS if x >= d)  # noqa: E731
+    if D == Dv:
+        return up(D), up(D)
+    return (128, 64) if D > Dv else (64, 128)
+
+
 def rand(shape, dtype, device, gen):
     return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
 
@@ -123,6 +139,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}_Sq{}_Sk{}_H{}-{}_D{}-{}_c{}_w{}_{}_cap{}".format(*c[:8], *c[8], c[9]))
 def test_attention_matches_reference(case, dtype, device):
     B, Sq, Sk, Hq, Hkv, D, Dv, causal, window, softcap = case
+    D, Dv = dims(device, D, Dv)
     gen = torch.Generator().manual_seed(hash(case) & 0xFFFF)
     q = rand((B, Sq, Hq, D), dtype, device, gen)
     k = rand((B, Sk, Hkv, D), dtype, device, gen)
@@ -155,9 +172,10 @@ def test_random_shapes(dtype):
 def test_strided_inputs_bhsd_transposed(device):
     """(B, H, S, D) tensors transposed to (B, S, H, D): strides honoured, no copy needed."""
     gen = torch.Generator().manual_seed(5)
-    q = rand((2, 4, 23, 32), torch.float32, device, gen).transpose(1, 2)
-    k = rand((2, 2, 31, 32), torch.float32, device, gen).transpose(1, 2)
-    v = rand((2, 2, 31, 32), torch.float32, device, gen).transpose(1, 2)
+    D, _ = dims(device, 32)
+    q = rand((2, 4, 23, D), torch.float32, device, gen).transpose(1, 2)
+    k = rand((2, 2, 31, D), torch.float32, device, gen).transpose(1, 2)
+    v = rand((2, 2, 31, D), torch.float32, device, gen).transpose(1, 2)
     assert not q.is_contiguous()
     out, lse = ioattn.attention(q, k, v, causal=True, return_lse=True)
     check(out, q, k, v, lse, causal=True)
@@ -167,7 +185,7 @@ def test_strided_inputs_bhsd_transposed(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_scale(device):
     gen = torch.Generator().manual_seed(6)
-    q, k, v = (rand((1, 9, 2, 16), torch.float32, device, gen) for _ in range(3))
+    q, k, v = (rand((1, 9, 2, dims(device, 16)[0]), torch.float32, device, gen) for _ in range(3))
     out, lse = ioattn.attention(q, k, v, scale=0.3, return_lse=True)
     check(out, q, k, v, lse, scale=0.3)
     assert not torch.allclose(out, ioattn.attention(q, k, v))
@@ -177,7 +195,7 @@ def test_scale(device):
 def test_scale_zero_or_negative_means_default(device):
     """docs/api.md: scale <= 0 means 1/sqrt(D), as None does; through the op too."""
     gen = torch.Generator().manual_seed(8)
-    q, k, v = (rand((1, 9, 2, 16), torch.float32, device, gen) for _ in range(3))
+    q, k, v = (rand((1, 9, 2, dims(device, 16)[0]), torch.float32, device, gen) for _ in range(3))
     default = ioattn.attention(q, k, v)
     for scale in (0.0, -2.5):
         assert torch.equal(ioattn.attention(q, k, v, scale=scale), default)
@@ -185,6 +203,15 @@ def test_scale_zero_or_negative_means_default(device):
         assert torch.equal(out, default)
     with pytest.raises(ValueError, match="scale"):
         ioattn.attention(q, k, v, scale=float("inf"))
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="no CUDA device or no CUDA backend")
+def test_cuda_head_dim_without_kernel_is_not_implemented():
+    """docs/api.md: the CUDA kernels cover head dims 64, 96, 128 and 256; others are refused, never
+    run elsewhere in silence, and nothing is written."""
+    q = torch.randn(1, 8, 2, 32, device="cuda")
+    with pytest.raises(NotImplementedError, match="head_dim=32"):
+        ioattn.attention(q, q, q)
 
 
 def test_lse_matches_logsumexp_of_scaled_scores():
@@ -205,9 +232,10 @@ def test_no_lse_is_empty():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("B,Sq,Sk", [(0, 5, 5), (2, 0, 5), (2, 5, 0), (0, 0, 0)])
 def test_empty(device, B, Sq, Sk):
-    q = torch.randn(B, Sq, 4, 16, device=device)
-    k = torch.randn(B, Sk, 2, 16, device=device)
-    v = torch.randn(B, Sk, 2, 16, device=device)
+    D, _ = dims(device, 16)
+    q = torch.randn(B, Sq, 4, D, device=device)
+    k = torch.randn(B, Sk, 2, D, device=device)
+    v = torch.randn(B, Sk, 2, D, device=device)
     out, lse = ioattn.attention(q, k, v, causal=True, return_lse=True)
     assert out.shape == (B, Sq, 4, 16) and lse.shape == (B, 4, Sq)
     assert torch.equal(out, torch.zeros_like(out)), "no visible key: out = 0 exactly"
@@ -245,7 +273,7 @@ def test_varlen_matches_per_sequence(device, dtype, causal, window, softcap):
     gen = torch.Generator().manual_seed(11)
     lens_q = [7, 1, 0, 33, 16]
     lens_k = [7, 9, 4, 40, 0]
-    Hq, Hkv, D = 4, 2, 32
+    Hq, Hkv, D = 4, 2, dims(device, 32)[0]
     q = rand((sum(lens_q), Hq, D), dtype, device, gen)
     k = rand((sum(lens_k), Hkv, D), dtype, device, gen)
     v = rand((sum(lens_k), Hkv, D), dtype, device, gen)
@@ -284,7 +312,7 @@ def _gather_paged(cache, block_table, b, n, page):
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 def test_kvcache_append_then_attend(device, dtype, paged):
     gen = torch.Generator().manual_seed(21)
-    B, Hq, Hkv, D, page, max_pages = 3, 4, 2, 32, 16, 5
+    B, Hq, Hkv, D, page, max_pages = 3, 4, 2, dims(device, 32)[0], 16, 5
     seqlens = [0, 17, 50]
     s_new, sq = 3, 3
     if paged:
@@ -394,7 +422,7 @@ def test_error_numpy_beside_torch_names_the_argument():
 @pytest.mark.parametrize("device", DEVICES)
 def test_varlen_rows_outside_the_sequences_are_empty(device):
     gen = torch.Generator().manual_seed(9)
-    q = rand((7, 2, 8), torch.float32, device, gen)
+    q = rand((7, 2, dims(device, 8)[0]), torch.float32, device, gen)
     cu = torch.tensor([1, 3, 5], dtype=torch.int32, device=device)
     out, lse = ioattn.attention_varlen(q, q, q, cu, cu, 2, 2, return_lse=True)
     for row in (0, 5, 6):
