@@ -290,12 +290,13 @@ Plan plan_cpu(const Problem& pr, const HardwareProfile& hw, int threads, PlanTex
                               decode ? pr.seqlen_k / cpu_decode_min_split_keys : most_block_splits(pr.seqlen_k, bkv));
   set_cpu_workers(plan, tasks, threads > 0 ? threads : cores);
 
-  plan.supported = std::max(pr.head_dim, pr.head_dim_v) <= cpu_max_head_dim;
+  const int64_t dmax = std::max(pr.head_dim, pr.head_dim_v);
+  plan.supported = dmax <= cpu_max_head_dim;
   if (text == PlanText::full) {
     plan.rationale = cpu_rationale(plan, pr, dp, group, cores, why, grew);
     if (!plan.supported)
-      plan.rationale += "; head dim " + std::to_string(std::max(pr.head_dim, pr.head_dim_v)) +
-                        " is past the CPU kernels' 1.." + std::to_string(cpu_max_head_dim) +
+      plan.rationale += "; head dim " + std::to_string(dmax) + " is past the CPU kernels' 1.." +
+                        std::to_string(cpu_max_head_dim) +
                         ", so the backend reports unsupported; figures are what such a kernel would need";
     plan.calibration = hw.calibration_note;
   }

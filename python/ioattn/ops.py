@@ -61,19 +61,12 @@ def _outputs(q: Tensor, shapes, return_lse: bool, filled: bool = False):
     return out, lse
 
 
-def _plain_tensors(*arrays) -> bool:
-    """Whether every argument is a plain torch.Tensor or None: the common case, cheap to test."""
-    for x in arrays:
-        if x is not None and type(x) is not Tensor:
-            return False
-    return True
-
-
-def _check_tensors(fn: str, **arrays) -> None:
+def _check_tensors(fn: str, names: Tuple[str, ...], *arrays) -> None:
     """Every array argument of a torch call is a torch.Tensor (or None where optional): torch's
-    dispatcher would otherwise reject a numpy array with an error that names no argument."""
-    for name, x in arrays.items():
-        if x is not None and not isinstance(x, Tensor):
+    dispatcher would otherwise reject a numpy array with an error that names no argument. The
+    type() test first keeps the common case (plain tensors) to a few steps."""
+    for name, x in zip(names, arrays):
+        if x is not None and type(x) is not Tensor and not isinstance(x, Tensor):
             raise ValueError(
                 f"ioattn.{fn}: {name} is a {type(x).__module__}.{type(x).__name__} beside a torch.Tensor q: "
                 "pass torch tensors for every array (or numpy arrays for all)"
@@ -227,6 +220,8 @@ WindowArg = Union[Sequence[int], None]
 _ATTENTION = torch.ops.ioattn.attention.default
 _ATTENTION_VARLEN = torch.ops.ioattn.attention_varlen.default
 _ATTENTION_KVCACHE = torch.ops.ioattn.attention_kvcache.default
+_VARLEN_ARRAYS = ("k", "v", "cu_seqlens_q", "cu_seqlens_k")
+_KVCACHE_ARRAYS = ("k_cache", "v_cache", "k_new", "v_new", "block_table")
 
 
 def _scale(scale: Optional[float]) -> Optional[float]:
@@ -250,8 +245,7 @@ def attention(
     causal and windows are bottom-right aligned; ``scale`` None or <= 0 means 1/sqrt(D);
     ``softcap`` 0 is off. Returns out (B, Sq, Hq, Dv), or (out, lse) with lse float32 (B, Hq, Sq).
     """
-    if not _plain_tensors(k, v):  # the check's own cost kept off the common case
-        _check_tensors("attention", k=k, v=v)
+    _check_tensors("attention", ("k", "v"), k, v)
     wl, wr = _core.window_pair(window)
     out, lse = _ATTENTION(
         q, k, v, bool(causal), wl, wr, float(softcap), _scale(scale), bool(return_lse)
@@ -280,8 +274,7 @@ def attention_varlen(
     device. Returns out (total_q, Hq, Dv), or (out, lse) with lse float32 (Hq, total_q); rows
     outside [cu_seqlens_q[0], cu_seqlens_q[-1]) belong to no sequence and get 0 and lse -inf.
     """
-    if not _plain_tensors(k, v, cu_seqlens_q, cu_seqlens_k):
-        _check_tensors("attention_varlen", k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    _check_tensors("attention_varlen", _VARLEN_ARRAYS, k, v, cu_seqlens_q, cu_seqlens_k)
     wl, wr = _core.window_pair(window)
     out, lse = _ATTENTION_VARLEN(
         q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
@@ -324,10 +317,7 @@ def attention_kvcache(
                 f"got {type(cache_seqlens).__name__}"
             ) from None
         cache_seqlens = torch.full((q.shape[0],), length, dtype=torch.int32, device=q.device)
-    if not _plain_tensors(k_cache, v_cache, k_new, v_new, block_table):
-        _check_tensors(
-            "attention_kvcache", k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, block_table=block_table
-        )
+    _check_tensors("attention_kvcache", _KVCACHE_ARRAYS, k_cache, v_cache, k_new, v_new, block_table)
     wl, wr = _core.window_pair(window)
     out, lse = _ATTENTION_KVCACHE(
         q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
