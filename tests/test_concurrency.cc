@@ -262,8 +262,11 @@ struct Tally {
 };
 
 // Threads the process may hold: the callers, each with a team of at most 4 workers (the largest
-// num_threads used), the runtime's own pool (one per core), Catch2, and the watchdog.
-int thread_bound(int callers) { return callers * 4 + 2 * int(std::thread::hardware_concurrency()) + 8; }
+// num_threads used) and as many again on their way out (libgomp releases a caller's surplus pool
+// threads when its team shrinks and starts new ones when it grows, and /proc still counts the
+// old ones for a moment), the runtime's own pool (one per core), Catch2, and the watchdog. A
+// thread leaked per call would pass it within the first hundred calls.
+int thread_bound(int callers) { return callers * 4 * 2 + 2 * int(std::thread::hardware_concurrency()) + 8; }
 
 }  // namespace
 
