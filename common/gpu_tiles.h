@@ -8,6 +8,11 @@
 
 namespace ioattn {
 
+// The portable CUDA kernel (gpu/simple_fwd.cu, one warp per query row) holds a row of q and of
+// the output accumulator in registers, 8 values per lane of 32: head dims up to 256. Head dims
+// without a tile below run there.
+constexpr int kGpuPortableMaxHeadDim = 256;
+
 struct GpuTile {
   int block_q;   // query rows per CTA; each warp owns block_q / warps rows (16 per m16n8k16 tile)
   int block_kv;  // key rows per pipeline stage

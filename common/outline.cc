@@ -225,7 +225,9 @@ std::string gpu_failure_text(const OutlineFacts& f) {
          format_bytes(active_kv) + ", vs " +
          format_bytes(double(hw.levels[1].size_bytes) / std::max(1, hw.levels[1].partitions)) +
          " per partition here) K/V is re-read from " + hw.dram().name + " per query block." +
-         (plan.supported ? "" : " This shape is not supported by the CUDA build: " + plan.rationale);
+         (!plan.supported             ? " This shape is not supported by the CUDA build: " + plan.rationale
+          : plan.kernel == "portable" ? " This shape runs on the portable kernel, not on these tiles: " + plan.rationale
+                                      : "");
 }
 
 std::string cpu_decode_failure_text(const OutlineFacts& f) {

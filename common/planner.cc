@@ -391,26 +391,33 @@ Plan plan_gpu(const Problem& pr, const HardwareProfile& hw) {
     dpad = int(round_up(dmax, 64));
     t = gpu_tile(256);
   }
-  plan.supported = exact;
+  // Head dims without a tile run on the portable kernel, up to its register limit.
+  plan.supported = dmax <= kGpuPortableMaxHeadDim;
   // Few query rows per kv head (decode, speculative verification) run the split-KV decode
   // kernel, whose tile packs the G query heads of one kv head (common/gpu_tiles.h).
   const int64_t group = pr.heads_kv > 0 ? std::max<int64_t>(1, pr.heads_q / pr.heads_kv) : 1;
   const bool decode = exact && gpu_decode_rows(group, pr.seqlen_q);
   if (decode) t = gpu_decode_tile(dpad);
-  plan.kernel = decode ? "decode" : "sm80";
+  plan.kernel = !exact ? "portable" : decode ? "decode" : "sm80";
   if (!exact) {
-    why = "head dim " + std::to_string(pr.head_dim) +
-          (pr.head_dim_v != pr.head_dim ? "/" + std::to_string(pr.head_dim_v) : "") +
-          " has no CUDA instantiation (table: 64, 96, 128, 256), so the backend reports unsupported; figures are for D "
-          "padded to " +
-          std::to_string(dpad);
+    why =
+        "head dim " + std::to_string(pr.head_dim) +
+        (pr.head_dim_v != pr.head_dim ? "/" + std::to_string(pr.head_dim_v) : "") +
+        " has no tensor-core tile (table: 64, 96, 128, 256), so " +
+        (plan.supported ? "the portable kernel runs it (one warp per query row, each row re-reading its keys "
+                          "from L2, no shared-memory tile); the blocks and figures are the tensor-core tiling's "
+                          "at D padded to " +
+                              std::to_string(dpad) + ", which that kernel does not have"
+                        : "and it is past the portable kernel's " + std::to_string(kGpuPortableMaxHeadDim) +
+                              ", the backend reports unsupported; figures are for D padded to " + std::to_string(dpad));
   }
   const int64_t smem_block = std::max<int64_t>(hw.smem_per_block_bytes, 1);
   if (gpu_tile_smem_bytes(t, dpad) > smem_block) {
-    plan.supported = false;
-    why += std::string(why.empty() ? "" : "; ") + "unsupported on this GPU: the table's tile needs " +
-           kib(gpu_tile_smem_bytes(t, dpad)) + " of shared memory, more than this GPU's " + kib(smem_block) +
-           " per block; figures are for a reduced tile";
+    // The dispatch then falls back to the portable kernel (gpu/forward.cu's choose_path).
+    plan.kernel = "portable";
+    why += std::string(why.empty() ? "" : "; ") + "the table's tile needs " + kib(gpu_tile_smem_bytes(t, dpad)) +
+           " of shared memory, more than this GPU's " + kib(smem_block) +
+           " per block, so the portable kernel runs it; figures are for a reduced tile";
     t.stages = 1;
     while (gpu_tile_smem_bytes(t, dpad) > smem_block && t.block_kv > 16) t.block_kv /= 2;
     while (gpu_tile_smem_bytes(t, dpad) > smem_block && t.block_q > 16) t.block_q /= 2;

@@ -31,7 +31,7 @@ Status cuda_error(const std::string& what, cudaError_t err) {
   return Status::backend("backend=CUDA: " + what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
 }
 
-bool supported_head_dim(int64_t d) { return d > 0 && d <= 1024 && gpu_tile(int(d)).supported; }
+bool supported_head_dim(int64_t d) { return d > 0 && d <= kSimpleMaxHeadDim; }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 bool multiple_of_8(int64_t a, int64_t b, int64_t c) { return a % 8 == 0 && b % 8 == 0 && c % 8 == 0; }
@@ -104,7 +104,8 @@ enum class Path { none, decode, hopper, tensor_core, portable };
 // Prefill takes the sm_90a kernel where it covers the request, else the sm_80 one.
 Path choose_path(const AttnParams& p, int cc_major, int cc_minor, int smem_optin) {
   if (p.batch == 0 || p.seqlen_q == 0) return Path::none;
-  const bool tensor_core = p.io_dtype != DType::f32 && p.head_dim == p.head_dim_v && chunk_aligned(p);
+  const bool tensor_core =
+      p.io_dtype != DType::f32 && p.head_dim == p.head_dim_v && gpu_tile(int(p.head_dim)).supported && chunk_aligned(p);
   if (tensor_core && gpu_decode_rows(p.heads_q / p.heads_kv, p.seqlen_q) &&
       decode::decode_smem_bytes(int(p.head_dim)) <= smem_optin)
     return Path::decode;
@@ -199,9 +200,9 @@ Status run(const AttnParams& p, const KvAppend* append) {
 
 Status check_supported(const AttnParams& p) {
   if (!supported_head_dim(p.head_dim) || !supported_head_dim(p.head_dim_v))
-    return Status::unsupported("backend=CUDA: head_dim=" + std::to_string(p.head_dim) +
-                               " head_dim_v=" + std::to_string(p.head_dim_v) +
-                               ": the CUDA kernels support head dims 64, 96, 128 and 256");
+    return Status::unsupported("backend=CUDA: head_dim=" + std::to_string(p.head_dim) + " head_dim_v=" +
+                               std::to_string(p.head_dim_v) + ": the CUDA backend supports head dims 1.." +
+                               std::to_string(kSimpleMaxHeadDim) + " (64, 96, 128 and 256 on its tensor-core kernels)");
   if (p.io_dtype != p.kv_dtype)
     return Status::unsupported(std::string("backend=CUDA: q/out dtype ") + dtype_name(p.io_dtype) + " with k/v dtype " +
                                dtype_name(p.kv_dtype) +

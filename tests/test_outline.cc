@@ -124,10 +124,12 @@ TEST_CASE("the CPU failure mode quotes the model's traffic with the target level
                                format_bytes(spilled.levels[1].flash_bytes)));
 }
 
-TEST_CASE("an unsupported GPU shape says so in the failure mode") {
+TEST_CASE("a GPU shape off the tile table says where it runs in the failure mode") {
   const HardwareProfile h200 = profile("h200-sxm");
-  const Problem pr = make_problem(16, 16, 4096, 4096, 80, DType::bf16);
-  const DesignOutline o = designOutline(pr, plan_gpu(pr, h200), h200);
-  CHECK(has(o.failureMode, "not supported"));
+  const Problem portable = make_problem(16, 16, 4096, 4096, 80, DType::bf16);
+  const DesignOutline o = designOutline(portable, plan_gpu(portable, h200), h200);
+  CHECK(has(o.failureMode, "portable kernel"));
   CHECK(has(o.failureMode, "96"));
+  const Problem wide = make_problem(16, 16, 4096, 4096, 320, DType::bf16);
+  CHECK(has(designOutline(wide, plan_gpu(wide, h200), h200).failureMode, "not supported"));
 }

@@ -56,7 +56,7 @@ def test_forward_torch(device, dtype, opts):
 @pytest.mark.parametrize("device", DEVICES)
 def test_strided_views_zero_copy(device):
     gen = torch.Generator().manual_seed(3)
-    B, S, H, D = 2, 21, 4, 64 if device == "cuda" else 32  # the CUDA kernels' smallest head dim
+    B, S, H, D = 2, 21, 4, 32
     # q, k, v as (B, H, S, D) storage seen as (B, S, H, D), the layout of a fused projection.
     qkv = torch.randn(B, 3 * H, S, D, generator=gen).to(device)
     q, k, v = (x.transpose(1, 2) for x in qkv.split(H, dim=1))
@@ -71,7 +71,7 @@ def test_strided_views_zero_copy(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_requires_grad_inputs(device):
-    D = 64 if device == "cuda" else 16
+    D = 16
     q = torch.randn(1, 5, 2, D, device=device, requires_grad=True)
     out = torch.empty(1, 5, 2, D, device=device)
     _core.run_forward(q, q, q, out, None, **OPTS)
@@ -91,7 +91,7 @@ def test_varlen_torch(device):
     gen = torch.Generator().manual_seed(5)
     lens = [4, 0, 11]
     cu = torch.tensor([0, 4, 4, 15], dtype=torch.int32, device=device)
-    D = 64 if device == "cuda" else 32
+    D = 32
     q = torch.randn(15, 4, D, generator=gen).to(device, torch.bfloat16)
     k = torch.randn(15, 2, D, generator=gen).to(device, torch.bfloat16)
     out = torch.full_like(q, SENTINEL)
