@@ -42,11 +42,11 @@ bool injected_failure() {
   return false;
 }
 
-// What each device keeps for the decode path, set up once: the planner's profile
-// (cudaGetDeviceProperties costs more than a whole decode step at short cache lengths) and a
-// memory pool for the split partials. The pool keeps up to kPoolKeepBytes mapped between calls:
-// the default pool returns freed memory at every synchronization, and re-mapping it made the
-// first run's GQA decode at Sk = 4k take 124 us for about 40 us of kernels (H200).
+// What each device keeps for the decode path and the sm_90a forward's grid, set up once: the
+// planner's profile (cudaGetDeviceProperties costs more than a whole decode step at short cache
+// lengths) and a memory pool for the split partials. The pool keeps up to kPoolKeepBytes mapped
+// between calls: the default pool returns freed memory at every synchronization, and re-mapping
+// it made the first run's GQA decode at Sk = 4k take 124 us for about 40 us of kernels (H200).
 constexpr uint64_t kPoolKeepBytes = uint64_t(64) << 20;
 
 struct DeviceState {
@@ -67,13 +67,13 @@ Status device_state(const DeviceState** out) {
   *out = nullptr;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return cuda_failure("setting up the split-KV decode: cudaGetDevice", err);
+  if (err != cudaSuccess) return cuda_failure("setting up the device state: cudaGetDevice", err);
   std::lock_guard<std::mutex> lock(mutex);
   if (size_t(device) >= states.size()) states.resize(size_t(device) + 1);
   if (!states[size_t(device)]) {
     auto st = std::make_unique<DeviceState>();
     if (!query_cuda_device(&st->hw))
-      return Status::backend("backend=CUDA: setting up the split-KV decode: querying the properties of device " +
+      return Status::backend("backend=CUDA: setting up the device state: querying the properties of device " +
                              std::to_string(device) + " failed");
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
@@ -81,11 +81,11 @@ Status device_state(const DeviceState** out) {
     props.location.id = device;
     uint64_t keep = kPoolKeepBytes;
     err = cudaMemPoolCreate(&st->pool, &props);
-    if (err != cudaSuccess) return cuda_failure("setting up the split-KV decode: cudaMemPoolCreate", err);
+    if (err != cudaSuccess) return cuda_failure("setting up the device state: cudaMemPoolCreate", err);
     err = cudaMemPoolSetAttribute(st->pool, cudaMemPoolAttrReleaseThreshold, &keep);
     if (err != cudaSuccess) {
       cudaMemPoolDestroy(st->pool);
-      return cuda_failure("setting up the split-KV decode: cudaMemPoolSetAttribute", err);
+      return cuda_failure("setting up the device state: cudaMemPoolSetAttribute", err);
     }
     states[size_t(device)] = std::move(st);
   }
@@ -179,6 +179,17 @@ Status decode_prepare(const AttnParams& p, int* splits) {
     return cuda_failure(
         "granting the split-KV decode kernel its shared memory (head_dim=" + std::to_string(p.head_dim) + ")", err);
   *splits = std::max(1, plan_gpu(problem_of(p), st->hw).kv_splits);
+  return Status::ok();
+}
+
+Status device_sms_l2(int* sms, int64_t* l2_bytes) {
+  const DeviceState* st = nullptr;
+  const Status s = device_state(&st);
+  if (!s.is_ok()) return s;
+  *sms = st->hw.cores;
+  *l2_bytes = 0;
+  for (const MemoryLevel& level : st->hw.levels)
+    if (level.name == "L2") *l2_bytes = level.size_bytes;
   return Status::ok();
 }
 

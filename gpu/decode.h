@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "common/params.h"
 #include "common/status.h"
@@ -15,6 +16,11 @@ namespace ioattn::gpu {
 // only on the problem and the device's SM count. Errors come back as IOATTN_ERROR_BACKEND with
 // no CUDA error left pending.
 Status decode_prepare(const AttnParams& p, int* splits);
+
+// The current device's SM count and L2 size in bytes (0 where the profile has no L2), from the
+// device state kept per device, queried once per process: what the sm_90a forward's persistent
+// grid is sized by. Errors as decode_prepare's.
+Status device_sms_l2(int* sms, int64_t* l2_bytes);
 
 // Device memory for the split partials, stream-ordered on `stream`. On failure (real or
 // injected) returns IOATTN_ERROR_BACKEND naming `what` and the size, and *out is null.

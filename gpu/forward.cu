@@ -60,10 +60,10 @@ cudaError_t launch_tensor_core(const AttnParams& p) {
 
 #if IOATTN_HAVE_SM90
 template <class Elem>
-cudaError_t launch_hopper(const AttnParams& p) {
+cudaError_t launch_hopper(const AttnParams& p, const sm90::DeviceGrid& dev) {
   switch (p.head_dim) {
-    case 64: return sm90::launch_flash_fwd<Elem, 64>(p);
-    case 128: return sm90::launch_flash_fwd<Elem, 128>(p);
+    case 64: return sm90::launch_flash_fwd<Elem, 64>(p, dev);
+    case 128: return sm90::launch_flash_fwd<Elem, 128>(p, dev);
   }
   return cudaErrorInvalidValue;
 }
@@ -82,14 +82,14 @@ bool tma_addressable(const AttnParams& p) {
 // The sm_90a kernel's reach: a compute capability 9.0 device (its sm_90a code runs nowhere
 // else) in a build that compiled it; head dims with a gpu_tile_sm90 entry; the rows TMA reads as
 // a box of one dense tensor per operand, so no varlen offsets, block tables or per-sequence
-// cache lengths, and at least one key (a TMA descriptor has no empty extent). Masks (causal,
-// windows), softcap, any scale, GQA and LSE it covers as the sm_80 kernel does, with the same
-// rules.
+// cache lengths, at least one key (a TMA descriptor has no empty extent), and a tile count the
+// persistent schedule indexes. Masks (causal, windows), softcap, any scale, GQA and LSE it covers
+// as the sm_80 kernel does, with the same rules.
 bool hopper_covers(const AttnParams& p, int cc_major, int cc_minor, int smem_optin) {
 #if IOATTN_HAVE_SM90
   return cc_major == 9 && cc_minor == 0 && gpu_tile_sm90(int(p.head_dim)).supported && p.seqlen_k > 0 &&
          !p.cu_seqlens_q && !p.cu_seqlens_k && !p.block_table && !p.seqlens_k && tma_addressable(p) &&
-         sm90::flash_fwd_smem_bytes(int(p.head_dim)) <= smem_optin;
+         sm90::flash_fwd_tiles_fit(p) && sm90::flash_fwd_smem_bytes(int(p.head_dim)) <= smem_optin;
 #else
   (void)p, (void)cc_major, (void)cc_minor, (void)smem_optin;
   return false;
@@ -128,12 +128,12 @@ cudaError_t query_facts(DeviceFacts* f) {
   return err;
 }
 
-// Everything that can fail without touching memory (device queries, the decode kernel's
-// attribute, the decode scratch, the buffer for the overwritten cache slots) happens before the
-// append writes the cache. A failure after it (a launch, or the prefill kernel's attribute, set by
-// its launcher) puts the saved slots back before returning, so a failed call leaves the cache as
-// it was; only if that restore cannot be launched either does the message say the cache holds
-// the new rows.
+// Everything that can fail without touching memory (device queries, the sm_90a grid's SM count,
+// the decode kernel's attribute, the decode scratch, the buffer for the overwritten cache slots)
+// happens before the append writes the cache. A failure after it (a launch, or the prefill
+// kernel's attribute, set by its launcher) puts the saved slots back before returning, so a
+// failed call leaves the cache as it was; only if that restore cannot be launched either does the
+// message say the cache holds the new rows.
 Status run(const AttnParams& p, const KvAppend* append) {
   Status s = check_supported(p);
   if (!s.is_ok()) return s;
@@ -142,6 +142,10 @@ Status run(const AttnParams& p, const KvAppend* append) {
   if (err != cudaSuccess) return cuda_error("querying the device", err);
 
   const Path path = choose_path(p, f.cc_major, f.cc_minor, f.smem_optin);
+#if IOATTN_HAVE_SM90
+  sm90::DeviceGrid grid{};
+  if (path == Path::hopper && !(s = device_sms_l2(&grid.sms, &grid.l2_bytes)).is_ok()) return s;
+#endif
   int splits = 1;
   void* partials = nullptr;
   if (path == Path::decode) {
@@ -171,7 +175,7 @@ Status run(const AttnParams& p, const KvAppend* append) {
     case Path::decode: s = decode_forward(p, splits, partials); break;
     case Path::hopper:
 #if IOATTN_HAVE_SM90
-      err = p.io_dtype == DType::bf16 ? launch_hopper<__nv_bfloat16>(p) : launch_hopper<__half>(p);
+      err = p.io_dtype == DType::bf16 ? launch_hopper<__nv_bfloat16>(p, grid) : launch_hopper<__half>(p, grid);
       if (err != cudaSuccess)
         s = cuda_error("launching the sm_90a flash forward (head_dim=" + std::to_string(p.head_dim) + ")", err);
 #endif

@@ -4,9 +4,9 @@
 namespace ioattn::gpu::sm90 {
 
 template <>
-cudaError_t launch_flash_fwd<__half, 64>(const AttnParams& p) {
+cudaError_t launch_flash_fwd<__half, 64>(const AttnParams& p, const DeviceGrid& dev) {
   // block_q, block_kv, consumer warpgroups, stages: checked against gpu_tile_sm90(64) inside launch_tile.
-  return launch_tile<__half, 64, 128, 128, 2, 3>(p);
+  return launch_tile<__half, 64, 128, 128, 2, 3>(p, dev);
 }
 
 }  // namespace ioattn::gpu::sm90

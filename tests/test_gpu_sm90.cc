@@ -1,12 +1,16 @@
 // The sm_90a forward (gpu/sm90/) against the fp64 oracle with the FlashAttention-2 tolerance rule:
 // every head dim it covers, both storage types, no mask, causal and windows, GQA and MQA, lengths
 // that are not multiples of its 128-row and 128-key tiles, LSE, the NaN rules, and 50 launches
-// bitwise equal. Every case first checks that dispatch sends it to the sm_90a kernel, and the
-// dispatch rule itself is checked for what the kernel leaves to the others. Exits 77
-// ("SKIPPED") where no compute capability 9.0 device is visible or the build has no sm_90a path.
+// bitwise equal; the persistent grid with fewer, as many and many more work tiles than SMs, and
+// its tile order on the host. Every case first checks that dispatch sends it to the sm_90a
+// kernel, and the dispatch rule itself is checked for what the kernel leaves to the others. Exits
+// 77 ("SKIPPED") where no compute capability 9.0 device is visible or the build has no sm_90a
+// path.
 //
 // Tags: [sanitize] marks the small cases scripts/gpu_run.sh runs under compute-sanitizer.
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -20,6 +24,7 @@
 #if IOATTN_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "gpu/sm90/schedule.cuh"
 #include "tests/gpu_case.h"
 
 using namespace gpu_case;
@@ -101,6 +106,186 @@ TEST_CASE("sm_90a forward: long sequences wrap the K/V pipeline many times", "[g
   c.window_left = 100;
   c.window_right = 20;
   check_sm90(c);
+}
+
+TEST_CASE("sm_90a schedule: every work tile once, heaviest first per CTA, a section's pairs together", "[gpu][sm90]") {
+  struct Shape {
+    int64_t batch, heads_q, heads_kv, sq, sk, l2;
+  };
+  // One section; several, the last one short; one pair per section (K/V past half the L2); a
+  // pair with more work tiles than two rounds; fewer work tiles than SMs.
+  const Shape shapes[] = {{3, 8, 2, 300, 300, 1 << 20},     {5, 6, 3, 129, 1000, 1 << 20},   {2, 4, 4, 1, 7, 1 << 20},
+                          {7, 2, 1, 640, 4096, 1 << 20},    {4, 16, 16, 257, 50, 0},         {1, 1, 1, 128, 1, 1 << 30},
+                          {2, 16, 2, 6000, 6000, 50 << 20}, {32, 32, 32, 512, 512, 50 << 20}};
+  for (const Shape& sh : shapes)
+    for (const int sms : {1, 7, 132, 100000}) {
+      AttnParams p;
+      p.batch = sh.batch;
+      p.heads_q = sh.heads_q;
+      p.heads_kv = sh.heads_kv;
+      p.seqlen_q = sh.sq;
+      p.seqlen_k = sh.sk;
+      const ioattn::gpu::sm90::TileSchedule sched = ioattn::gpu::sm90::make_schedule(p, 128, 64, sms, sh.l2);
+      INFO("B=" << sh.batch << " Hq=" << sh.heads_q << " Hkv=" << sh.heads_kv << " Sq=" << sh.sq << " Sk=" << sh.sk
+                << " SMs=" << sms << " section_pairs=" << sched.section_pairs);
+      const int64_t m_blocks = (sh.sq + 127) / 128, group = sh.heads_q / sh.heads_kv;
+      REQUIRE(sched.tiles == m_blocks * sh.heads_q * sh.batch);
+      REQUIRE(sched.ctas == std::min<int64_t>(sms, sched.tiles));
+      const int64_t section_tiles = sched.section_pairs * m_blocks * group;
+      std::vector<int> seen(size_t(sched.tiles), 0);
+      std::vector<ioattn::gpu::sm90::TileCoord> coords;
+      for (int t = 0; t < sched.tiles; ++t) {
+        const ioattn::gpu::sm90::TileCoord c = sched.tile(t);
+        REQUIRE(c.m_block >= 0);
+        REQUIRE(c.m_block < m_blocks);
+        REQUIRE(c.h >= 0);
+        REQUIRE(c.h < sh.heads_q);
+        REQUIRE(c.b >= 0);
+        REQUIRE(c.b < sh.batch);
+        ++seen[size_t((c.b * sh.heads_q + c.h) * m_blocks + c.m_block)];
+        coords.push_back(c);
+      }
+      for (const int n : seen) REQUIRE(n == 1);
+      auto pair_of = [&](const ioattn::gpu::sm90::TileCoord& c) { return c.b * sh.heads_kv + c.h / group; };
+      for (int t = 0; t < sched.tiles; ++t) {
+        const ioattn::gpu::sm90::TileCoord& c = coords[size_t(t)];
+        if (t % section_tiles == 0) CHECK(c.m_block == m_blocks - 1);
+        // A CTA's next work tile in the same section is never a later query block.
+        const int next = t + sched.ctas;
+        if (next < sched.tiles && next / section_tiles == t / section_tiles)
+          CHECK(coords[size_t(next)].m_block <= c.m_block);
+        // Neighbours in one round of one query block: the same kv head's next or previous query
+        // head, or a neighbouring pair.
+        const int after = t + 1;
+        if (after < sched.tiles && after / section_tiles == t / section_tiles &&
+            after % section_tiles / sched.ctas == t % section_tiles / sched.ctas &&
+            coords[size_t(after)].m_block == c.m_block) {
+          const int64_t step = pair_of(coords[size_t(after)]) - pair_of(c);
+          CHECK((step == 1 || step == -1 || (step == 0 && std::abs(coords[size_t(after)].h - c.h) == 1)));
+        }
+      }
+    }
+}
+
+TEST_CASE("sm_90a schedule: causal work evens out over 132 SMs without a dispatcher", "[gpu][sm90]") {
+  struct Shape {
+    int64_t batch, heads_q, heads_kv, s, d;
+  };
+  // FlashAttention's benchmark shapes (B x S = 16k, H x D = 2048) and two GQA ones, causal at
+  // Sq = Sk: a work tile of query block m does m + 1 key tiles. 1.031 is the quantization of equal
+  // work tiles (4096 over 132 SMs, 32 against 31.03 rounds); without the reversed rounds the
+  // busiest CTA carries up to 1.36x the mean.
+  const Shape shapes[] = {{32, 32, 32, 512, 64},  {16, 16, 16, 1024, 128}, {8, 16, 16, 2048, 128},
+                          {2, 16, 16, 8192, 128}, {2, 16, 2, 6000, 128},   {16, 48, 6, 130, 128}};
+  for (const Shape& sh : shapes) {
+    AttnParams p;
+    p.batch = sh.batch;
+    p.heads_q = sh.heads_q;
+    p.heads_kv = sh.heads_kv;
+    p.seqlen_q = sh.s;
+    p.seqlen_k = sh.s;
+    const ioattn::gpu::sm90::TileSchedule sched =
+        ioattn::gpu::sm90::make_schedule(p, 128, int(sh.d), 132, int64_t(50) << 20);
+    std::vector<double> load(size_t(sched.ctas), 0.0);
+    double total = 0;
+    for (int t = 0; t < sched.tiles; ++t) {
+      const double work = sched.tile(t).m_block + 1;
+      load[size_t(t % sched.ctas)] += work;
+      total += work;
+    }
+    INFO("B=" << sh.batch << " Hq=" << sh.heads_q << " Hkv=" << sh.heads_kv << " S=" << sh.s << " D=" << sh.d);
+    CHECK(*std::max_element(load.begin(), load.end()) <= 1.035 * total / sched.ctas);
+  }
+}
+
+// The persistent grid around its size: fewer work tiles than SMs (the grid shrinks to them), as
+// many, one more (one CTA runs two) and two rounds and one; then a few per CTA, where whole work
+// tiles see no key between ones that see several, so the Q barrier and the K/V ring must skip
+// them on both sides alike.
+TEST_CASE("sm_90a forward: persistent grid below, at and past the SM count", "[gpu][sm90][sanitize]") {
+  int device = 0, sms = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  for (const int64_t tiles : {int64_t(3), int64_t(sms) - 1, int64_t(sms), int64_t(sms) + 1, 2 * int64_t(sms) + 1}) {
+    Case c;  // one query block per (sequence, head): B work tiles
+    c.head_dim = tiles % 2 ? 64 : 128;
+    c.batch = tiles;
+    c.heads_q = 1;
+    c.heads_kv = 1;
+    c.seqlen_q = 100;
+    c.seqlen_k = 150;
+    c.causal = true;
+    c.seed = uint32_t(tiles);
+    check_sm90(c);
+  }
+  for (const int64_t d : {64, 128}) {
+    Case c;  // Sq > Sk causal: query block 0 sees no key, blocks 1 and 2 see one or two key tiles
+    c.head_dim = d;
+    c.batch = 8;
+    c.heads_q = 16;
+    c.heads_kv = 4;
+    c.seqlen_q = 333;
+    c.seqlen_k = 200;
+    c.causal = true;
+    c.seed = uint32_t(d + 7);
+    check_sm90(c);
+  }
+}
+
+// Many work tiles per CTA, each CTA carrying the K/V ring across work tiles of different key-tile
+// counts (D = 64 has three stages, so the ring's stage does not restart with a work tile).
+TEST_CASE("sm_90a forward: persistent grid with many work tiles per CTA", "[gpu][sm90]") {
+  SECTION("about 12 work tiles per CTA: causal, odd lengths, GQA 8, B x H = 768") {
+    for (const int64_t d : {64, 128}) {
+      Case c;
+      c.head_dim = d;
+      c.dtype = d == 64 ? DType::f16 : DType::bf16;
+      c.batch = 16;
+      c.heads_q = 48;
+      c.heads_kv = 6;
+      c.seqlen_q = 130;
+      c.seqlen_k = 257;
+      c.causal = true;
+      c.seed = uint32_t(d);
+      check_sm90(c);
+    }
+  }
+  SECTION("windows and softcap over many work tiles") {
+    Case c;
+    c.head_dim = 64;
+    c.batch = 6;
+    c.heads_q = 32;
+    c.heads_kv = 8;
+    c.seqlen_q = 701;
+    c.seqlen_k = 509;
+    c.window_left = 90;
+    c.window_right = 13;
+    c.softcap = 20.f;
+    c.seed = 31;
+    check_sm90(c);
+    c.head_dim = 128;
+    c.dtype = DType::f16;
+    c.window_left = 300;
+    c.window_right = 0;
+    c.softcap = 0.f;
+    check_sm90(c);
+  }
+  SECTION("K/V past half the L2 per section: several sections, a short last one") {
+    // 2 x 16384 keys x 128 x 2 bytes = 8 MiB of K and V per (sequence, kv head): three pairs per
+    // section on an H100 (50 MiB of L2), so sections of 3, 3, 3 and 1; the window keeps the
+    // oracle's work small.
+    Case c;
+    c.head_dim = 128;
+    c.batch = 2;
+    c.heads_q = 10;
+    c.heads_kv = 5;
+    c.seqlen_q = 3000;
+    c.seqlen_k = 16384;
+    c.window_left = 64;
+    c.window_right = 0;
+    c.seed = 77;
+    check_sm90(c);
+  }
 }
 
 TEST_CASE("sm_90a forward: GQA and MQA, softcap, scales, adversarial values", "[gpu][sm90][sanitize]") {
@@ -189,14 +374,19 @@ TEST_CASE("sm_90a forward: NaN inputs reach exactly the rows that see them", "[g
 }
 
 TEST_CASE("sm_90a forward: 50 repeated launches are bitwise equal", "[gpu][sm90]") {
-  for (const int64_t d : {64, 128}) {
+  struct Shape {
+    int64_t d, batch, heads_q, heads_kv, sq, sk;
+  };
+  // Fewer work tiles than SMs (128 each), then about ten per CTA (1280).
+  const Shape shapes[] = {{64, 2, 8, 2, 1000, 1500}, {128, 2, 8, 2, 1000, 1500}, {128, 8, 32, 8, 520, 700}};
+  for (const Shape& sh : shapes) {
     Case c;
-    c.head_dim = d;
-    c.batch = 2;
-    c.heads_q = 8;
-    c.heads_kv = 2;
-    c.seqlen_q = 1000;
-    c.seqlen_k = 1500;
+    c.head_dim = sh.d;
+    c.batch = sh.batch;
+    c.heads_q = sh.heads_q;
+    c.heads_kv = sh.heads_kv;
+    c.seqlen_q = sh.sq;
+    c.seqlen_k = sh.sk;
     c.causal = true;
     Problem pr(c);
     const AttnParams dp = pr.device_params();

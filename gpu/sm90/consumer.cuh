@@ -100,8 +100,10 @@ struct Consumer {
   // tile i - 1: each step issues S_i = Q K_i^T and O += P_{i-1} V_{i-1} as two wgmma groups,
   // waits for the first, exponentiates S_i into a second P fragment, waits for the second, and
   // only then rescales O by tile i's factor, which P_{i-1} V_{i-1} was summed without. The sums
-  // are the same, in the same order, as a walk without the overlap.
-  __device__ __forceinline__ void run(const AttnParams& p, const CtaWork<Kt>& w, typename Kt::Storage& st) const {
+  // are the same, in the same order, as a walk without the overlap. `ring` enters at this work
+  // tile's first key tile and leaves past its last; q_phase counts the Q loads waited for.
+  __device__ __forceinline__ void run(const AttnParams& p, const CtaWork<Kt>& w, typename Kt::Storage& st,
+                                      Ring<Stages>& ring, uint32_t& q_phase) const {
     typename Kt::MmaQK mma_qk;
     typename Kt::MmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(tc);
@@ -143,31 +145,38 @@ struct Consumer {
       warpgroup_commit_batch();
     };
 
+    // k walks the key tiles whose S is computed, v lags it by one: the tile whose P V is.
+    Ring<Stages> k = ring, v = ring;
     if (w.n_tiles > 0) {
-      Barrier::wait(&st.q_full, 0);
-      Barrier::wait(&st.k_full[0], 0);
-      issue_qk(0);
+      Barrier::wait(&st.q_full, q_phase);
+      q_phase ^= 1;
+      Barrier::wait(&st.k_full[k.stage], k.phase);
+      issue_qk(k.stage);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
-      release(&st.k_empty[0]);
+      release(&st.k_empty[k.stage]);
+      if (w.n_tiles == 1) release(&st.q_empty);
+      k.advance();
       float factor[2];  // O is still zero: nothing to rescale
       tile_softmax(p, w, sm, tSrS, 0, factor, tOrP);
     }
     for (int i = 1; i < w.n_tiles; ++i) {
-      const int s = i % Stages, prev = (i - 1) % Stages;
-      Barrier::wait(&st.k_full[s], (i / Stages) & 1);
-      issue_qk(s);
-      Barrier::wait(&st.v_full[prev], ((i - 1) / Stages) & 1);
-      issue_pv(prev);
+      Barrier::wait(&st.k_full[k.stage], k.phase);
+      issue_qk(k.stage);
+      Barrier::wait(&st.v_full[v.stage], v.phase);
+      issue_pv(v.stage);
       warpgroup_wait<1>();  // groups retire in order: S_i is ready, P_{i-1} V_{i-1} may not be
       warpgroup_fence_operand(tSrS);
-      release(&st.k_empty[s]);
+      release(&st.k_empty[k.stage]);
+      if (i == w.n_tiles - 1) release(&st.q_empty);
+      k.advance();
       float factor[2];
       tile_softmax(p, w, sm, tSrS, i, factor, tOrPn);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       warpgroup_fence_operand(tOrP);
-      release(&st.v_empty[prev]);
+      release(&st.v_empty[v.stage]);
+      v.advance();
 #pragma unroll
       for (int d = 0; d < OT; ++d)
 #pragma unroll
@@ -176,13 +185,14 @@ struct Consumer {
       for (int j = 0; j < size(tOrP); ++j) tOrP(j) = tOrPn(j);
     }
     if (w.n_tiles > 0) {
-      const int last = (w.n_tiles - 1) % Stages;
-      Barrier::wait(&st.v_full[last], ((w.n_tiles - 1) / Stages) & 1);
-      issue_pv(last);
+      Barrier::wait(&st.v_full[v.stage], v.phase);
+      issue_pv(v.stage);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
-      release(&st.v_empty[last]);
+      release(&st.v_empty[v.stage]);
+      v.advance();
     }
+    ring = v;
     store_output(p, w, sm, tOrO);
   }
 

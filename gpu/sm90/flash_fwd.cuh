@@ -1,9 +1,23 @@
-// FlashAttention forward for sm_90a, warp-specialized: one CTA per (query block, head, sequence)
-// of (consumer_wgs + 1) warpgroups. Warpgroup 0 produces: one thread issues the TMA copies of the
-// Q tile and of the K/V tiles into a `stages`-deep ring of swizzled shared buffers, each
-// completing on an mbarrier. The other warpgroups consume: each owns 64 query rows, runs
-// S = Q K^T and O += P V on wgmma with P kept in registers, and the online softmax between them
-// (gpu/sm90/consumer.cuh). setmaxnreg moves the producer's registers to the consumers.
+// FlashAttention forward for sm_90a, warp-specialized and persistent: a grid of at most one CTA
+// per SM, each of (consumer_wgs + 1) warpgroups, walks a static sequence of work tiles (query
+// block, head, sequence; gpu/sm90/schedule.cuh orders them). Warpgroup 0 produces: one thread
+// issues the TMA copies of each work tile's Q tile and of its K/V tiles into a `stages`-deep ring
+// of swizzled shared buffers, each completing on an mbarrier. The other warpgroups consume: each
+// owns 64 query rows, runs S = Q K^T and O += P V on wgmma with P kept in registers, and the
+// online softmax between them (gpu/sm90/consumer.cuh). setmaxnreg moves the producer's registers
+// to the consumers. Both roles walk the same work tiles and step the same pipeline state
+// (gpu/sm90/pipeline.cuh), so the producer's loads for the next work tile overlap the consumers'
+// last P V and O stores of this one.
+//
+// Why persistent, and what it should buy (a prediction, not yet measured): with one CTA per work
+// tile, each CTA paid its launch, barrier setup and first Q and K round trip to HBM, and its O
+// stores, with nothing to hide them behind, since one CTA fills an SM. Here only the first work
+// tile of a CTA pays the first three; the next Q and K/V stages load under the last P V and the
+// O stores. That weighs most where a work tile has few key tiles: +10-25% expected at D = 64 and
+// S <= 1024, +5-15% at D = 128 there, a few percent at S >= 4096. Wave quantization of equal
+// tiles stays (D = 64, S = 512, B = 32, H = 32: 4096 tiles over 132 SMs, 31.03 waves, so the
+// busiest SM runs 32 tiles either way); under a causal mask the order's alternating rounds should
+// keep the static split about as even as the hardware's dynamic block dispatch was.
 //
 // Included only by the per-(head dim, dtype) translation units (gpu/fwd_sm90_*.cu), which CMake
 // compiles for sm_90a alone.
@@ -18,6 +32,7 @@
 #include "gpu/sm90/kernel_traits.cuh"
 #include "gpu/sm90/launch.h"
 #include "gpu/sm90/pipeline.cuh"
+#include "gpu/sm90/schedule.cuh"
 
 namespace ioattn::gpu::sm90 {
 
@@ -25,8 +40,9 @@ namespace ioattn::gpu::sm90 {
 // The register cap of __launch_bounds__(threads, 1) is what lets setmaxnreg take effect.
 template <class Elem, class Kt, class TmaQ, class TmaK, class TmaV>
 __global__ void __launch_bounds__(Kt::threads, 1)
-    flash_fwd_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ TmaQ tma_q,
-                     const __grid_constant__ TmaK tma_k, const __grid_constant__ TmaV tma_v) {
+    flash_fwd_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ TileSchedule sched,
+                     const __grid_constant__ TmaQ tma_q, const __grid_constant__ TmaK tma_k,
+                     const __grid_constant__ TmaV tma_v) {
   extern __shared__ unsigned char smem_raw[];
   // The swizzle that TMA writes and wgmma reads repeats every 1 KiB of shared address space; the
   // allocation carries the slack to align to it.
@@ -41,22 +57,28 @@ __global__ void __launch_bounds__(Kt::threads, 1)
   }
   __syncthreads();
 
-  const CtaWork<Kt> w(p);
+  Ring<Kt::stages> ring;
+  uint32_t q_phase = 0;
   if (warp < 4) {
     cutlass::arch::warpgroup_reg_dealloc<Kt::producer_regs>();
-    if (warp == 0 && cute::elect_one_sync()) produce<Kt>(p, w, st, tma_q, tma_k, tma_v);
+    if (warp == 0 && cute::elect_one_sync())
+      for (int t = int(blockIdx.x); t < sched.tiles; t += int(gridDim.x))
+        produce<Kt>(p, CtaWork<Kt>(p, sched.tile(t)), st, tma_q, tma_k, tma_v, ring, q_phase);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Kt::consumer_regs>();
-    const Consumer<Elem, Kt> consumer(p, w);
-    consumer.run(p, w, st);
+    for (int t = int(blockIdx.x); t < sched.tiles; t += int(gridDim.x)) {
+      const CtaWork<Kt> w(p, sched.tile(t));
+      const Consumer<Elem, Kt> consumer(p, w);
+      consumer.run(p, w, st, ring, q_phase);
+    }
   }
 }
 
 // Host side of one instantiation: the tile literals are the instantiation unit's, asserted equal
-// to the planner's table. The caller has checked the shared memory against the device and the
-// strides against what a TMA descriptor can address.
+// to the planner's table. The caller has checked the shared memory against the device, the
+// strides against what a TMA descriptor can address and the tile count (flash_fwd_tiles_fit).
 template <class Elem, int D, int BlockQ, int BlockKv, int ConsumerWgs, int Stages>
-cudaError_t launch_tile(const AttnParams& p) {
+cudaError_t launch_tile(const AttnParams& p, const DeviceGrid& dev) {
   using Kt = FwdTraits<Elem, D, BlockQ, BlockKv, ConsumerWgs, Stages>;
   static_assert(Kt::matches(gpu_tile_sm90(D)), "instantiated tile differs from gpu_tile_sm90(D), the planner's table");
   static_assert(Kt::smem_bytes == flash_fwd_smem_bytes(D), "shared-memory size disagrees with the table");
@@ -67,8 +89,9 @@ cudaError_t launch_tile(const AttnParams& p) {
   // Per call rather than once: the attribute belongs to the current device's context.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Kt::smem_bytes));
   if (err != cudaSuccess) return err;
-  const dim3 grid(unsigned((p.seqlen_q + BlockQ - 1) / BlockQ), unsigned(p.heads_q), unsigned(p.batch));
-  kernel<<<grid, Kt::threads, Kt::smem_bytes, static_cast<cudaStream_t>(p.stream)>>>(p, tma_q, tma_k, tma_v);
+  const TileSchedule sched = make_schedule(p, BlockQ, D, dev.sms, dev.l2_bytes);
+  kernel<<<sched.ctas, Kt::threads, Kt::smem_bytes, static_cast<cudaStream_t>(p.stream)>>>(p, sched, tma_q, tma_k,
+                                                                                           tma_v);
   return cudaGetLastError();
 }
 

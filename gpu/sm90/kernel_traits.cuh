@@ -75,14 +75,16 @@ struct FwdTraits {
   static constexpr uint32_t q_bytes = BlockQ * D * sizeof(T);
   static constexpr uint32_t kv_bytes = BlockKv * D * sizeof(T);  // one of K or V, one stage
 
-  // The tiles first, each a whole number of 1 KiB swizzle periods; then the barriers: q_full, and
-  // per stage k_full and v_full (the producer's transactions) and k_empty and v_empty (the
-  // consumers' releases: K is free once S is computed, a GEMM before V is).
+  // The tiles first, each a whole number of 1 KiB swizzle periods; then the barriers: q_full and
+  // per stage k_full and v_full (the producer's transactions), q_empty and per stage k_empty and
+  // v_empty (the consumers' releases: K is free once S is computed, a GEMM before V is; Q once the
+  // work tile's last S is).
   struct Storage {
     alignas(1024) T q[cosize_v<SmemQ>];
     alignas(1024) T k[cosize_v<SmemK>];
     alignas(1024) T v[cosize_v<SmemV>];
     alignas(1024) uint64_t q_full;
+    uint64_t q_empty;
     uint64_t k_full[Stages], v_full[Stages], k_empty[Stages], v_empty[Stages];
   };
   // The dynamic allocation: the storage plus the slack that aligns it to 1 KiB (the runtime only
