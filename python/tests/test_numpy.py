@@ -4,7 +4,9 @@ commands."""
 
 import json
 import re
+import shutil
 import subprocess
+import sys
 import threading
 import time
 import pathlib
@@ -468,6 +470,16 @@ def test_model_command_errors():
         _ext.model_json("plan", ["--bogus"])
     with pytest.raises(ValueError, match="unknown command"):
         _ext.model_json("run", [])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("nm") is None, reason="ELF and binutils' nm")
+def test_extension_exports_only_its_init():
+    # A libstdc++ a toolchain links statically into the module must not interpose on the shared one
+    # Highway and numpy load: on the GPU machine the two versions mixed and `ioattn.plan` crashed in
+    # its first number formatting. Weak template instantiations (V, W, u) are the module's own.
+    out = subprocess.run(["nm", "-D", "--defined-only", _ext.__file__], capture_output=True, text=True, check=True)
+    strong = [line.split()[-1] for line in out.stdout.splitlines() if line.split()[-2] not in ("V", "W", "u")]
+    assert strong == ["PyInit__ext"]
 
 
 def test_tune_writes_a_calibration_plan_applies(tmp_path):
