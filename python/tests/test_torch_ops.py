@@ -15,11 +15,12 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 import torch.nn.functional as F  # noqa: E402
 
 import ioattn  # noqa: E402
-from ioattn import ops  # noqa: E402
+from ioattn import _core, _ext, ops  # noqa: E402
 
 EPS = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+CUDA_BACKEND = _ext.backend_available(_core.BACKEND_CUDA)
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and CUDA_BACKEND else [])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -206,6 +207,13 @@ def test_cuda_head_dim_without_kernel_is_not_implemented():
     elsewhere in silence."""
     q = torch.randn(1, 8, 2, CUDA_MAX_HEAD_DIM + 8, device="cuda")
     with pytest.raises(NotImplementedError, match=f"head_dim={CUDA_MAX_HEAD_DIM + 8}"):
+        ioattn.attention(q, q, q)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or CUDA_BACKEND, reason="a CUDA device and a build without CUDA")
+def test_cuda_tensors_without_the_cuda_backend_are_not_implemented():
+    q = torch.randn(1, 4, 2, 64, device="cuda")
+    with pytest.raises(NotImplementedError, match="compiled without CUDA"):
         ioattn.attention(q, q, q)
 
 
