@@ -320,7 +320,7 @@ namespace {
 // their dense shape would.
 bool plans_sm90(const Problem& pr, const HardwareProfile& hw) {
   const GpuTileSm90 t = gpu_tile_sm90(int(pr.head_dim));
-  return hw.compute_capability == 90 && pr.head_dim == pr.head_dim_v && t.supported &&
+  return hw.compute_capability == 90 && pr.dtype != DType::f32 && pr.head_dim == pr.head_dim_v && t.supported &&
          gpu_tile_sm90_smem_bytes(t, int(pr.head_dim)) <= hw.smem_per_block_bytes;
 }
 
@@ -383,7 +383,9 @@ Plan plan_gpu(const Problem& pr, const HardwareProfile& hw) {
   }
   GpuTile t{};
   std::string why;
-  const bool exact = pr.head_dim == pr.head_dim_v && gpu_tile(int(pr.head_dim)).supported;
+  // The tensor-core kernels take f16 and bf16 operands only (gpu/forward.cu's choose_path).
+  const bool f32 = pr.dtype == DType::f32;
+  const bool exact = !f32 && pr.head_dim == pr.head_dim_v && gpu_tile(int(pr.head_dim)).supported;
   if (dpad > 0) {
     t = gpu_tile(dpad);
   } else {
@@ -391,7 +393,7 @@ Plan plan_gpu(const Problem& pr, const HardwareProfile& hw) {
     dpad = int(round_up(dmax, 64));
     t = gpu_tile(256);
   }
-  // Head dims without a tile run on the portable kernel, up to its register limit.
+  // f32 and head dims without a tile run on the portable kernel, up to its register limit.
   plan.supported = dmax <= kGpuPortableMaxHeadDim;
   // Few query rows per kv head (decode, speculative verification) run the split-KV decode
   // kernel, whose tile packs the G query heads of one kv head (common/gpu_tiles.h).
@@ -401,9 +403,11 @@ Plan plan_gpu(const Problem& pr, const HardwareProfile& hw) {
   plan.kernel = !exact ? "portable" : decode ? "decode" : "sm80";
   if (!exact) {
     why =
-        "head dim " + std::to_string(pr.head_dim) +
-        (pr.head_dim_v != pr.head_dim ? "/" + std::to_string(pr.head_dim_v) : "") +
-        " has no tensor-core tile (table: 64, 96, 128, 256), so " +
+        (f32 ? std::string("f32 has no tensor-core kernel (its MMAs take f16 or bf16)")
+             : "head dim " + std::to_string(pr.head_dim) +
+                   (pr.head_dim_v != pr.head_dim ? "/" + std::to_string(pr.head_dim_v) : "") +
+                   " has no tensor-core tile (table: 64, 96, 128, 256)") +
+        ", so " +
         (plan.supported ? "the portable kernel runs it (one warp per query row, each row re-reading its keys "
                           "from L2, no shared-memory tile); the blocks and figures are the tensor-core tiling's "
                           "at D padded to " +

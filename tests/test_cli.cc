@@ -289,7 +289,7 @@ TEST_CASE("cli: problem flags are validated with exit 2 and a one-line message",
 }
 
 TEST_CASE("cli: plan --json for zen3 and h200-sxm, 16 heads x 128 over 4096 tokens", "[cli]") {
-  const json j = parse_json(run_cli(with({"plan", "--json"}, kReference)));
+  const json j = parse_json(run_cli(with({"plan", "--json", "--dtype", "bf16"}, kReference)));
   REQUIRE(j.is_array());
   REQUIRE(j.size() == 2);
   for (const char* key : {"backend", "hardware", "block_q", "block_kv", "kv_splits", "workers", "working_set_bytes",
@@ -325,6 +325,9 @@ TEST_CASE("cli: plan --json for zen3 and h200-sxm, 16 heads x 128 over 4096 toke
   CHECK(gpu["target_level"] == "smem");
   CHECK(gpu["working_set_bytes"].get<int64_t>() <= gpu["target_level_bytes"].get<int64_t>());
   CHECK(gpu["workers"].get<int>() > 1);
+  // In f32 (the default dtype) the same GPU runs the portable kernel, and the plan says so.
+  const json f32 = parse_json(run_cli(with({"plan", "--json"}, kReference)));
+  CHECK(f32[1]["kernel"] == "portable");
 
   // One --hw: a single object, not a list (documented in `ioattn plan --help`).
   const json one = parse_json(run_cli({"plan", "--json", "--hw", "zen3", "--heads", "16", "--head-dim", "128"}));

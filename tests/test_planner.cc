@@ -238,7 +238,8 @@ TEST_CASE("GPU plans take their tile from the constexpr table") {
       const bool decode = gpu_decode_rows(pr.heads_q / pr.heads_kv, pr.seqlen_q);
       // Hopper profiles plan the sm_90a prefill for the head dims its table holds.
       const GpuTileSm90 h = gpu_tile_sm90(int(pr.head_dim));
-      if (!decode && hw.compute_capability == 90 && h.supported && pr.head_dim == pr.head_dim_v) {
+      const bool f32 = pr.dtype == DType::f32;
+      if (!decode && !f32 && hw.compute_capability == 90 && h.supported && pr.head_dim == pr.head_dim_v) {
         CHECK(plan.kernel == "sm90");
         CHECK(plan.block_q == h.block_q);
         CHECK(plan.block_kv == h.block_kv);
@@ -250,10 +251,10 @@ TEST_CASE("GPU plans take their tile from the constexpr table") {
       }
       const GpuTile t = decode ? gpu_decode_tile(int(pr.head_dim)) : gpu_tile(int(pr.head_dim));
       const bool fits = t.supported && gpu_tile_smem_bytes(t, int(pr.head_dim)) <= hw.smem_per_block_bytes;
-      // Head dims without a tile, or whose tile this GPU cannot hold, run on the portable kernel.
+      // f32, head dims without a tile, or a tile this GPU cannot hold: the portable kernel.
       CHECK(plan.supported == (std::max(pr.head_dim, pr.head_dim_v) <= kGpuPortableMaxHeadDim));
-      CHECK(plan.kernel == (!fits ? "portable" : decode ? "decode" : "sm80"));
-      if (fits) {
+      CHECK(plan.kernel == (f32 || !fits ? "portable" : decode ? "decode" : "sm80"));
+      if (fits && !f32) {
         CHECK(plan.block_q == t.block_q);
         CHECK(plan.block_kv == t.block_kv);
         CHECK(plan.warps == t.warps);
@@ -273,6 +274,11 @@ TEST_CASE("GPU plans take their tile from the constexpr table") {
   CHECK(odd.head_dim_padded == 96);
   // Past the portable kernel's registers: unsupported.
   CHECK_FALSE(plan_gpu(make_problem(16, 16, 4096, 4096, 320, DType::bf16), h200).supported);
+  // f32 (the CLI's default dtype) has no tensor-core kernel: the plan says so, as the dispatch does.
+  const Plan f32 = plan_gpu(make_problem(16, 16, 4096, 4096, 128, DType::f32), h200);
+  CHECK(f32.supported);
+  CHECK(f32.kernel == "portable");
+  CHECK(f32.rationale.find("f32 has no tensor-core kernel") != std::string::npos);
   // The table's D=256 tile needs more than an RTX 4090's 99 KiB per block: the portable kernel.
   if (gpu_tile_smem_bytes(gpu_tile(256), 256) > profile("rtx4090").smem_per_block_bytes) {
     const Plan small = plan_gpu(make_problem(16, 16, 4096, 4096, 256, DType::bf16), profile("rtx4090"));
