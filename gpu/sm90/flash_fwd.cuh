@@ -9,15 +9,13 @@
 // (gpu/sm90/pipeline.cuh), so the producer's loads for the next work tile overlap the consumers'
 // last P V and O stores of this one.
 //
-// Why persistent, and what it should buy (a prediction, not yet measured): with one CTA per work
-// tile, each CTA paid its launch, barrier setup and first Q and K round trip to HBM, and its O
-// stores, with nothing to hide them behind, since one CTA fills an SM. Here only the first work
-// tile of a CTA pays the first three; the next Q and K/V stages load under the last P V and the
-// O stores. That weighs most where a work tile has few key tiles: +10-25% expected at D = 64 and
-// S <= 1024, +5-15% at D = 128 there, a few percent at S >= 4096. Wave quantization of equal
-// tiles stays (D = 64, S = 512, B = 32, H = 32: 4096 tiles over 132 SMs, 31.03 waves, so the
-// busiest SM runs 32 tiles either way); under a causal mask the order's alternating rounds should
-// keep the static split about as even as the hardware's dynamic block dispatch was.
+// Why persistent: with one CTA per work tile, each CTA paid its launch, barrier setup, first Q and
+// K round trip to HBM and its O stores with nothing to hide them behind, since one CTA fills an
+// SM. Here only the first work tile of a CTA pays the first three; the next Q and K/V stages load
+// under the last P V and the O stores. That weighs most where a work tile has few key tiles.
+// Wave quantization of equal tiles stays; under a causal mask the order's alternating rounds
+// keep the static split even where the hardware's dispatch of the old grid did not
+// (bench/results/gpu-sm90-persist-2026-12-07.md).
 //
 // Included only by the per-(head dim, dtype) translation units (gpu/fwd_sm90_*.cu), which CMake
 // compiles for sm_90a alone.
