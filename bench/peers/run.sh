@@ -9,6 +9,8 @@
 #   PYTHON         python with torch, numpy and the ioattn package (default /tmp/pyenv-ops/bin/python
 #                  if present, else a venv under build-peers/venv with torch (CPU) + ./python installed)
 #   LLAMA_CPP_PYTHON_VERSION  llama-cpp-python sdist to vendor llama.cpp from (default 0.3.36)
+#   LLAMA_CPP_TARBALL  the part of that sdist ggml builds from, made by scripts/device_deps.sh
+#                  (.deps/peers/): for a machine that reaches no package registry (the GPU host)
 #   S              prefill sequence length (default 4096); ROUNDS (default 5); THREADS ("1 N", N = nproc)
 #   SKIP           space-separated subset of "ggml torch blas" to skip
 set -euo pipefail
@@ -53,12 +55,16 @@ fi
 SDIST=$BP/llama_cpp_python-$LCP_VER.tar.gz
 SRC=$BP/llama_cpp_python-$LCP_VER/vendor/llama.cpp
 if ! skip ggml; then
-  if [[ ! -f $SDIST ]]; then
-    log "downloading llama-cpp-python $LCP_VER sdist"
-    # --no-binary for this package only: ':all:' would also build its build backends from source.
-    "$PYTHON" -m pip download -q --no-binary llama-cpp-python --no-deps "llama-cpp-python==$LCP_VER" -d "$BP"
+  if [[ ! -d $SRC && -n ${LLAMA_CPP_TARBALL:-} ]]; then
+    tar -xJf "$LLAMA_CPP_TARBALL" -C "$BP"
+  elif [[ ! -d $SRC ]]; then
+    if [[ ! -f $SDIST ]]; then
+      log "downloading llama-cpp-python $LCP_VER sdist"
+      # --no-binary for this package only: ':all:' would also build its build backends from source.
+      "$PYTHON" -m pip download -q --no-binary llama-cpp-python --no-deps "llama-cpp-python==$LCP_VER" -d "$BP"
+    fi
+    tar -xzf "$SDIST" -C "$BP"
   fi
-  [[ -d $SRC ]] || tar -xzf "$SDIST" -C "$BP"
   G=$BP/ggml-build
   if [[ ! -f $G/ggml/src/libggml-cpu.a ]]; then
     log "building ggml (CPU backend only, static, native)"
