@@ -18,6 +18,8 @@
 #                                       GPU test binaries for the test and sanitize steps
 #   IOATTN_SANITIZE_TOOLS="memcheck racecheck synccheck"
 #   IOATTN_SANITIZE_TIMEOUT=600         seconds per sanitizer run (a run cut off counts as failed)
+#   IOATTN_TEST_TIMEOUT=300             seconds per GPU test binary: a kernel that hangs (a barrier
+#                                       waited on and never arrived at) must not hold the lease
 #   IOATTN_SANITIZE_PARALLEL=1          run all sanitizer runs at once (one GPU, many processes)
 #   IOATTN_CPU_TESTS="test_cpu_forward test_cpu_edge test_cpu_decode test_inference_cpu test_cpu_threads"
 #   IOATTN_MAX_SEQLEN=16384             longest benchmark sequence
@@ -40,6 +42,7 @@ gpu_tests=${IOATTN_GPU_TESTS:-test_gpu_forward test_gpu_sm90 test_gpu_inference 
 cpu_tests=${IOATTN_CPU_TESTS:-test_cpu_forward test_cpu_edge test_cpu_decode test_inference_cpu test_cpu_threads}
 tools=${IOATTN_SANITIZE_TOOLS:-memcheck racecheck synccheck}
 sanitize_timeout=${IOATTN_SANITIZE_TIMEOUT:-600}
+test_timeout=${IOATTN_TEST_TIMEOUT:-300}
 max_seqlen=${IOATTN_MAX_SEQLEN:-16384}
 status=0
 command -v compute-sanitizer >/dev/null || PATH=$PATH:/usr/local/cuda/bin
@@ -107,7 +110,7 @@ if [[ " $steps " == *" test "* ]]; then
   : >"$OUT/gpu_test.txt"
   for t in $gpu_tests; do
     echo "-- $t" >>"$OUT/gpu_test.txt"
-    "$test_dir/$t" >>"$OUT/gpu_test.txt" 2>&1
+    timeout -s INT -k 15 "$test_timeout" "$test_dir/$t" >>"$OUT/gpu_test.txt" 2>&1
     rc=$?
     echo "$t: exit $rc" | tee -a "$OUT/gpu_test.txt"
     [[ $rc -eq 0 ]] || status=1
