@@ -187,9 +187,8 @@ Status device_sms_l2(int* sms, int64_t* l2_bytes) {
   const Status s = device_state(&st);
   if (!s.is_ok()) return s;
   *sms = st->hw.cores;
-  *l2_bytes = 0;
-  for (const MemoryLevel& level : st->hw.levels)
-    if (level.name == "L2") *l2_bytes = level.size_bytes;
+  const MemoryLevel* l2 = st->hw.level("L2");
+  *l2_bytes = l2 ? l2->size_bytes : 0;
   return Status::ok();
 }
 
