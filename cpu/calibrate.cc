@@ -140,28 +140,43 @@ class Tuner {
   // tuning shape gained nothing at the benchmark's.
   Status choose(AttnParams p, AttnParams other, std::vector<Candidate>& cands, int reps, size_t* chosen) {
     *chosen = 0;
+    const size_t best = lowest_ratio(cands);
+    if (best == 0 || !beats(cands[best], cands[0])) {
+      skip(kConfirmations * 2 * (reps + 1));
+      return Status::ok();
+    }
+    bool holds = false;
+    if (Status s = confirm(p, other, cands[0], cands[best], reps, &holds); !s.is_ok()) return s;
+    if (holds) *chosen = best;
+    return Status::ok();
+  }
+
+  // The candidate with the lowest median paired ratio to index 0 (0 itself when none is below 1).
+  static size_t lowest_ratio(const std::vector<Candidate>& cands) {
     size_t best = 0;
     double best_ratio = 1;
     for (size_t i = 1; i < cands.size(); ++i) {
       const double r = median_of(ratios(cands[i], cands[0]));
       if (r < best_ratio) best = i, best_ratio = r;
     }
-    if (best == 0 || !beats(cands[best], cands[0])) {
-      skip(kConfirmations * 2 * (reps + 1));
-      return Status::ok();
-    }
-    std::vector<Candidate> pair = {cands[0], cands[best]};
+    return best;
+  }
+
+  // Fresh rounds of the base and the challenger alone: it must beat the base again on `p`, then
+  // be no slower on `other`. Rounds a failed confirmation no longer needs count as skipped.
+  Status confirm(const AttnParams& p, const AttnParams& other, const Candidate& base, const Candidate& challenger,
+                 int reps, bool* holds) {
+    std::vector<Candidate> pair = {base, challenger};
     for (int round = 0; round < kConfirmations; ++round) {
       pair[0].ms.clear();
       pair[1].ms.clear();
       if (Status s = time_rounds(round == 0 ? p : other, pair, reps); !s.is_ok()) return s;
-      const bool holds = round == 0 ? beats(pair[1], pair[0]) : median_of(ratios(pair[1], pair[0])) <= 1;
-      if (!holds) {
+      *holds = round == 0 ? beats(pair[1], pair[0]) : median_of(ratios(pair[1], pair[0])) <= 1;
+      if (!*holds) {
         skip((kConfirmations - 1 - round) * 2 * (reps + 1));
         return Status::ok();
       }
     }
-    *chosen = best;
     return Status::ok();
   }
 
