@@ -50,7 +50,7 @@ bool gpu_test_device_ok(std::string* why) {
 namespace {
 
 // The head dims gpu_tile_sm90 holds; the dispatch test below checks the table against this list.
-constexpr int64_t kSm90Dims[] = {64, 128, 256};
+constexpr int64_t kSm90Dims[] = {64, 96, 128, 256};
 
 // Runs the case through dispatch after checking that dispatch picks the sm_90a kernel for it.
 void check_sm90(const Case& c) {
@@ -211,7 +211,7 @@ TEST_CASE("sm_90a forward: persistent grid below, at and past the SM count", "[g
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   for (const int64_t tiles : {int64_t(3), int64_t(sms) - 1, int64_t(sms), int64_t(sms) + 1, 2 * int64_t(sms) + 1}) {
     Case c;  // one query block per (sequence, head): B work tiles
-    c.head_dim = kSm90Dims[tiles % 3];
+    c.head_dim = kSm90Dims[tiles % 4];
     c.batch = tiles;
     c.heads_q = 1;
     c.heads_kv = 1;
@@ -352,6 +352,9 @@ TEST_CASE("sm_90a forward: GQA and MQA, softcap, scales, adversarial values", "[
     c.head_dim = 256;
     c.layout = {true, 8};
     check_sm90(c);
+    c.head_dim = 96;
+    c.layout = {false, 8};
+    check_sm90(c);
   }
 }
 
@@ -385,8 +388,11 @@ TEST_CASE("sm_90a forward: 50 repeated launches are bitwise equal", "[gpu][sm90]
     int64_t d, batch, heads_q, heads_kv, sq, sk;
   };
   // Fewer work tiles than SMs (128 each), then about ten per CTA (1280).
-  const Shape shapes[] = {
-      {64, 2, 8, 2, 1000, 1500}, {128, 2, 8, 2, 1000, 1500}, {256, 2, 8, 2, 1000, 1500}, {128, 8, 32, 8, 520, 700}};
+  const Shape shapes[] = {{64, 2, 8, 2, 1000, 1500},
+                          {96, 2, 8, 2, 1000, 1500},
+                          {128, 2, 8, 2, 1000, 1500},
+                          {256, 2, 8, 2, 1000, 1500},
+                          {128, 8, 32, 8, 520, 700}};
   for (const Shape& sh : shapes) {
     Case c;
     c.head_dim = sh.d;
@@ -428,9 +434,12 @@ TEST_CASE("sm_90a dispatch: what the kernel does not cover keeps its kernel", "[
     const bool listed = std::find(std::begin(kSm90Dims), std::end(kSm90Dims), d) != std::end(kSm90Dims);
     CHECK(ioattn::gpu_tile_sm90(int(d)).supported == listed);
   }
-  for (const int64_t d : {64, 96, 128, 256}) {
+  for (const int64_t d : {32, 64, 80, 96, 128, 160, 256}) {
     c.head_dim = d;
-    CHECK(kernel_of(c) == (ioattn::gpu_tile_sm90(int(d)).supported ? "sm90" : "sm80"));
+    const char* expected = ioattn::gpu_tile_sm90(int(d)).supported ? "sm90"
+                           : ioattn::gpu_tile(int(d)).supported    ? "sm80"
+                                                                   : "portable";
+    CHECK(kernel_of(c) == expected);
   }
   c.head_dim = 128;
   c.head_dim_v = 64;  // Dv != D
