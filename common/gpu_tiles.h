@@ -62,7 +62,12 @@ constexpr GpuTile gpu_tile(int head_dim) {
 // that TMA writes and wgmma reads), plus one 1 KiB block for the pipeline's barriers and one for
 // aligning the tiles to the swizzle's 1 KiB period. D = 128: 32 + 2 x 2 x 32 + 2 = 162 KiB (one
 // CTA per SM: the 384 threads' registers are the limit anyway); D = 64 affords a third stage,
-// 16 + 3 x 2 x 16 + 2 = 114 KiB.
+// 16 + 3 x 2 x 16 + 2 = 114 KiB. D = 256 halves block_kv: O alone is 128 registers, and with S
+// (32) and P (16) of two key tiles in flight about 200 of the 240 are taken; 128 keys would put
+// S at 64 and shared memory at 64 + 2 x 2 x 64 + 2 = 322 KiB. With 64 keys: 64 + 2 x 2 x 32 + 2
+// = 194 KiB of the 227 KiB a block may opt into. D = 96 takes D = 128's tile: 24 + 2 x 2 x 24 + 2
+// = 122 KiB, its rows in 64-byte swizzle atoms (96 columns are three 32-column atoms, not whole
+// 64-column ones).
 struct GpuTileSm90 {
   int block_q;       // query rows per CTA: 64 per consumer warpgroup
   int block_kv;      // key rows per pipeline stage
@@ -80,7 +85,9 @@ constexpr int64_t gpu_tile_sm90_smem_bytes(const GpuTileSm90& t, int head_dim) {
 constexpr GpuTileSm90 gpu_tile_sm90(int head_dim) {
   switch (head_dim) {
     case 64: return {128, 128, 2, 3, true};
+    case 96: return {128, 128, 2, 2, true};
     case 128: return {128, 128, 2, 2, true};
+    case 256: return {128, 64, 2, 2, true};
     default: return {0, 0, 0, 0, false};
   }
 }

@@ -63,7 +63,9 @@ template <class Elem>
 cudaError_t launch_hopper(const AttnParams& p, const sm90::DeviceGrid& dev) {
   switch (p.head_dim) {
     case 64: return sm90::launch_flash_fwd<Elem, 64>(p, dev);
+    case 96: return sm90::launch_flash_fwd<Elem, 96>(p, dev);
     case 128: return sm90::launch_flash_fwd<Elem, 128>(p, dev);
+    case 256: return sm90::launch_flash_fwd<Elem, 256>(p, dev);
   }
   return cudaErrorInvalidValue;
 }

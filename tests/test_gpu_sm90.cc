@@ -1,6 +1,6 @@
 // The sm_90a forward (gpu/sm90/) against the fp64 oracle with the FlashAttention-2 tolerance rule:
 // every head dim it covers, both storage types, no mask, causal and windows, GQA and MQA, lengths
-// that are not multiples of its 128-row and 128-key tiles, LSE, the NaN rules, and 50 launches
+// that are not multiples of its 128-row and 128- or 64-key tiles, LSE, the NaN rules, and 50 launches
 // bitwise equal; the persistent grid with fewer, as many and many more work tiles than SMs, and
 // its tile order on the host. Every case first checks that dispatch sends it to the sm_90a
 // kernel, and the dispatch rule itself is checked for what the kernel leaves to the others. Exits
@@ -49,6 +49,9 @@ bool gpu_test_device_ok(std::string* why) {
 
 namespace {
 
+// The head dims gpu_tile_sm90 holds; the dispatch test below checks the table against this list.
+constexpr int64_t kSm90Dims[] = {64, 96, 128, 256};
+
 // Runs the case through dispatch after checking that dispatch picks the sm_90a kernel for it.
 void check_sm90(const Case& c) {
   Problem pr(c);
@@ -71,14 +74,14 @@ TEST_CASE("sm_90a forward matches the fp64 oracle: head dims, dtypes, masks, odd
   // Sk below one tile, Sq > Sk (causal rows that see nothing), exactly one tile, a tile and one.
   const Lengths lengths[] = {{9, 1}, {17, 3}, {97, 113}, {130, 7}, {127, 257}, {128, 128}, {129, 385}, {300, 200}};
   uint32_t seed = 90;
-  for (const int64_t d : {64, 128})
+  for (const int64_t d : kSm90Dims)
     for (const DType t : types)
       for (const Lengths& len : lengths)
         for (const int mask : {0, 1, 2}) check_sm90(grid_case(d, t, len.sq, len.sk, mask, seed++, 151, 23));
 }
 
 TEST_CASE("sm_90a forward: long sequences wrap the K/V pipeline many times", "[gpu][sm90]") {
-  for (const int64_t d : {64, 128})
+  for (const int64_t d : kSm90Dims)
     for (const DType t : {DType::bf16, DType::f16})
       for (const bool causal : {false, true}) {
         Case c;
@@ -208,7 +211,7 @@ TEST_CASE("sm_90a forward: persistent grid below, at and past the SM count", "[g
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   for (const int64_t tiles : {int64_t(3), int64_t(sms) - 1, int64_t(sms), int64_t(sms) + 1, 2 * int64_t(sms) + 1}) {
     Case c;  // one query block per (sequence, head): B work tiles
-    c.head_dim = tiles % 2 ? 64 : 128;
+    c.head_dim = kSm90Dims[tiles % 4];
     c.batch = tiles;
     c.heads_q = 1;
     c.heads_kv = 1;
@@ -218,7 +221,7 @@ TEST_CASE("sm_90a forward: persistent grid below, at and past the SM count", "[g
     c.seed = uint32_t(tiles);
     check_sm90(c);
   }
-  for (const int64_t d : {64, 128}) {
+  for (const int64_t d : kSm90Dims) {
     Case c;  // Sq > Sk causal: query block 0 sees no key, blocks 1 and 2 see one or two key tiles
     c.head_dim = d;
     c.batch = 8;
@@ -236,7 +239,7 @@ TEST_CASE("sm_90a forward: persistent grid below, at and past the SM count", "[g
 // counts (D = 64 has three stages, so the ring's stage does not restart with a work tile).
 TEST_CASE("sm_90a forward: persistent grid with many work tiles per CTA", "[gpu][sm90]") {
   SECTION("about 12 work tiles per CTA: causal, odd lengths, GQA 8, B x H = 768") {
-    for (const int64_t d : {64, 128}) {
+    for (const int64_t d : kSm90Dims) {
       Case c;
       c.head_dim = d;
       c.dtype = d == 64 ? DType::f16 : DType::bf16;
@@ -294,7 +297,7 @@ TEST_CASE("sm_90a forward: GQA and MQA, softcap, scales, adversarial values", "[
   base.seqlen_q = 77;
   base.seqlen_k = 150;
   SECTION("GQA ratios 1, 2, 4, 8 and MQA, both head dims") {
-    for (const int64_t d : {64, 128})
+    for (const int64_t d : kSm90Dims)
       for (const int64_t kv : {8, 4, 2, 1}) {
         Case c = base;
         c.head_dim = d;
@@ -333,9 +336,10 @@ TEST_CASE("sm_90a forward: GQA and MQA, softcap, scales, adversarial values", "[
   SECTION("q = k = v = 133120 (pytorch issue 121558): large logits stay finite") {
     Case c = base;
     c.constant_133120 = true;
-    check_sm90(c);
-    c.head_dim = 64;
-    check_sm90(c);
+    for (const int64_t d : kSm90Dims) {
+      c.head_dim = d;
+      check_sm90(c);
+    }
   }
   SECTION("head-major (B, H, S, D) rows with NaN padding, which TMA must not read") {
     Case c = base;
@@ -345,11 +349,17 @@ TEST_CASE("sm_90a forward: GQA and MQA, softcap, scales, adversarial values", "[
     c.head_dim = 64;
     c.layout = {false, 8};
     check_sm90(c);
+    c.head_dim = 256;
+    c.layout = {true, 8};
+    check_sm90(c);
+    c.head_dim = 96;
+    c.layout = {false, 8};
+    check_sm90(c);
   }
 }
 
 TEST_CASE("sm_90a forward: NaN inputs reach exactly the rows that see them", "[gpu][sm90][sanitize]") {
-  for (const int64_t d : {64, 128}) {
+  for (const int64_t d : kSm90Dims) {
     Case c;
     c.head_dim = d;
     c.seqlen_q = 200;
@@ -378,7 +388,11 @@ TEST_CASE("sm_90a forward: 50 repeated launches are bitwise equal", "[gpu][sm90]
     int64_t d, batch, heads_q, heads_kv, sq, sk;
   };
   // Fewer work tiles than SMs (128 each), then about ten per CTA (1280).
-  const Shape shapes[] = {{64, 2, 8, 2, 1000, 1500}, {128, 2, 8, 2, 1000, 1500}, {128, 8, 32, 8, 520, 700}};
+  const Shape shapes[] = {{64, 2, 8, 2, 1000, 1500},
+                          {96, 2, 8, 2, 1000, 1500},
+                          {128, 2, 8, 2, 1000, 1500},
+                          {256, 2, 8, 2, 1000, 1500},
+                          {128, 8, 32, 8, 520, 700}};
   for (const Shape& sh : shapes) {
     Case c;
     c.head_dim = sh.d;
@@ -416,9 +430,16 @@ TEST_CASE("sm_90a dispatch: what the kernel does not cover keeps its kernel", "[
   Case c;
   c.seqlen_q = 200;
   c.seqlen_k = 300;
-  for (const int64_t d : {64, 96, 128, 256}) {
+  for (int64_t d = 1; d <= 256; ++d) {
+    const bool listed = std::find(std::begin(kSm90Dims), std::end(kSm90Dims), d) != std::end(kSm90Dims);
+    CHECK(ioattn::gpu_tile_sm90(int(d)).supported == listed);
+  }
+  for (const int64_t d : {32, 64, 80, 96, 128, 160, 256}) {
     c.head_dim = d;
-    CHECK(kernel_of(c) == (ioattn::gpu_tile_sm90(int(d)).supported ? "sm90" : "sm80"));
+    const char* expected = ioattn::gpu_tile_sm90(int(d)).supported ? "sm90"
+                           : ioattn::gpu_tile(int(d)).supported    ? "sm80"
+                                                                   : "portable";
+    CHECK(kernel_of(c) == expected);
   }
   c.head_dim = 128;
   c.head_dim_v = 64;  // Dv != D

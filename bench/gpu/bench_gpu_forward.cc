@@ -48,8 +48,12 @@ double check_rows(const std::vector<uint16_t>& q, const std::vector<uint16_t>& k
 // One call: through dispatch, or straight into the sm_80 kernel's launcher.
 ioattn::Status run_forward(const ioattn::AttnParams& p, bool sm80) {
   if (!sm80) return ioattn::gpu::forward(p);
-  const cudaError_t err = p.head_dim == 64 ? ioattn::gpu::sm80::launch_flash_fwd<__nv_bfloat16, 64>(p)
-                                           : ioattn::gpu::sm80::launch_flash_fwd<__nv_bfloat16, 128>(p);
+  cudaError_t err = cudaErrorInvalidValue;
+  switch (p.head_dim) {
+    case 64: err = ioattn::gpu::sm80::launch_flash_fwd<__nv_bfloat16, 64>(p); break;
+    case 128: err = ioattn::gpu::sm80::launch_flash_fwd<__nv_bfloat16, 128>(p); break;
+    case 256: err = ioattn::gpu::sm80::launch_flash_fwd<__nv_bfloat16, 256>(p); break;
+  }
   return err == cudaSuccess ? ioattn::Status::ok() : ioattn::Status::backend(cudaGetErrorString(err));
 }
 
@@ -95,7 +99,7 @@ int main(int argc, char** argv) {
   cudaEventCreate(&stop);
   Lcg rng{12345};
   int failures = 0;
-  for (const int64_t d : {64, 128}) {
+  for (const int64_t d : {64, 128, 256}) {
     for (const bool causal : {false, true}) {
       for (int64_t s = 512; s <= std::min<int64_t>(max_seqlen, 16384); s *= 2) {
         if ((only_seqlen && s != only_seqlen) || (only_dim && d != only_dim) ||

@@ -1,6 +1,6 @@
 """The CUDA forward beside PyTorch's scaled_dot_product_attention FLASH_ATTENTION and
 CUDNN_ATTENTION backends on the FlashAttention benchmark protocol (16k tokens per batch, hidden
-2048, bf16, D 64 and 128, S 512..16k, causal and not), in one run on one GPU.
+2048, bf16, D 64, 128 and 256, S 512..16k, causal and not), in one run on one GPU.
 
 Our numbers come from bench_gpu_forward (CUDA events, median of 30, JSON lines); the peers are
 timed here with triton.testing.do_bench (median), on tensors in the same (B, S, H, D) memory
@@ -19,7 +19,7 @@ def main():
 
     torch.manual_seed(0)
     rows = []
-    for d in (64, 128):
+    for d in (64, 128, 256):
         for causal in (False, True):
             s = 512
             while s <= args.max_seqlen:

@@ -4,6 +4,8 @@
 // query rows; each thread two of them (g and g + 8 of its warp's 16).
 #pragma once
 
+#include <cutlass/arch/barrier.h>
+
 #include <cute/tensor.hpp>
 
 #include "common/online_softmax.h"
@@ -16,21 +18,45 @@
 
 namespace ioattn::gpu::sm90 {
 
+// Ping-pong between the two consumer warpgroups: each issues its GEMMs only on its turn and hands
+// the turn over once they are issued, so one warpgroup's softmax runs while the other's GEMMs
+// hold the tensor cores, instead of both doing softmax at once with the tensor cores idle. Turn
+// w is named barrier kTurnBarrier + w (CUTLASS's user range), 256 threads: warpgroup w waits on
+// it, the other arrives. Warpgroup 1 hands warpgroup 0 the first turn (turn_start) and warpgroup
+// 0 takes the turn that warpgroup 1's last GEMMs hand back (turn_end), so every wait has exactly
+// one arrival in the CTA's lifetime.
+inline constexpr uint32_t kTurnBarrier = 0;
+inline constexpr uint32_t kTurnThreads = 256;
+
+__device__ __forceinline__ void turn_wait(int wg) {
+  cutlass::arch::NamedBarrier::sync(kTurnThreads, kTurnBarrier + uint32_t(wg));
+}
+__device__ __forceinline__ void turn_pass(int wg) {
+  cutlass::arch::NamedBarrier::arrive(kTurnThreads, kTurnBarrier + uint32_t(1 - wg));
+}
+__device__ __forceinline__ void turn_start(int wg) {
+  if (wg == 1) turn_pass(1);
+}
+__device__ __forceinline__ void turn_end(int wg) {
+  if (wg == 0) turn_wait(0);
+}
+
 template <class Elem, class Kt>
 struct Consumer {
+  static_assert(Kt::consumer_wgs == 2, "the ping-pong turns are between two consumer warpgroups");
   static constexpr int D = Kt::head_dim, BM = Kt::block_q, BN = Kt::block_kv, Stages = Kt::stages;
   static constexpr int NT = BN / 8, OT = D / 8;
   using Softmax = RowSoftmax<NT>;
 
-  int tc, lane, t;
+  int tc, lane, t, wg;
   int row0;  // the CTA-local row of the thread's first row; the second is row0 + 8
   // Key blocks that every row of this warpgroup sees whole, [full_begin, full_end): no mask.
   int full_begin, full_end;
   ScoreMode mode;
 
   __device__ __forceinline__ Consumer(const AttnParams& p, const CtaWork<Kt>& w)
-      : tc(int(threadIdx.x) - 128), lane(int(threadIdx.x) % 32), t(lane % 4), mode(p) {
-    const int wg = tc / 128, warp = (tc % 128) / 32;
+      : tc(int(threadIdx.x) - 128), lane(int(threadIdx.x) % 32), t(lane % 4), wg(tc / 128), mode(p) {
+    const int warp = (tc % 128) / 32;
     row0 = wg * 64 + warp * 16 + lane / 4;
     const int wg_first = wg * 64 < w.rows_here ? wg * 64 : w.rows_here - 1;
     const int wg_last = wg * 64 + 63 < w.rows_here ? wg * 64 + 63 : w.rows_here - 1;
@@ -100,8 +126,10 @@ struct Consumer {
   // tile i - 1: each step issues S_i = Q K_i^T and O += P_{i-1} V_{i-1} as two wgmma groups,
   // waits for the first, exponentiates S_i into a second P fragment, waits for the second, and
   // only then rescales O by tile i's factor, which P_{i-1} V_{i-1} was summed without. The sums
-  // are the same, in the same order, as a walk without the overlap. `ring` enters at this work
-  // tile's first key tile and leaves past its last; q_phase counts the Q loads waited for.
+  // are the same, in the same order, as a walk without the overlap. Each step's GEMMs are issued
+  // on this warpgroup's turn (turn_wait, turn_pass), once their operands have landed, so the
+  // turn is never held while waiting for the producer. `ring` enters at this work tile's first
+  // key tile and leaves past its last; q_phase counts the Q loads waited for.
   __device__ __forceinline__ void run(const AttnParams& p, const CtaWork<Kt>& w, typename Kt::Storage& st,
                                       Ring<Stages>& ring, uint32_t& q_phase) const {
     typename Kt::MmaQK mma_qk;
@@ -151,7 +179,9 @@ struct Consumer {
       Barrier::wait(&st.q_full, q_phase);
       q_phase ^= 1;
       Barrier::wait(&st.k_full[k.stage], k.phase);
+      turn_wait(wg);
       issue_qk(k.stage);
+      turn_pass(wg);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       release(&st.k_empty[k.stage]);
@@ -162,9 +192,11 @@ struct Consumer {
     }
     for (int i = 1; i < w.n_tiles; ++i) {
       Barrier::wait(&st.k_full[k.stage], k.phase);
-      issue_qk(k.stage);
       Barrier::wait(&st.v_full[v.stage], v.phase);
+      turn_wait(wg);
+      issue_qk(k.stage);
       issue_pv(v.stage);
+      turn_pass(wg);
       warpgroup_wait<1>();  // groups retire in order: S_i is ready, P_{i-1} V_{i-1} may not be
       warpgroup_fence_operand(tSrS);
       release(&st.k_empty[k.stage]);
@@ -186,7 +218,9 @@ struct Consumer {
     }
     if (w.n_tiles > 0) {
       Barrier::wait(&st.v_full[v.stage], v.phase);
+      turn_wait(wg);
       issue_pv(v.stage);
+      turn_pass(wg);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       release(&st.v_empty[v.stage]);

@@ -64,11 +64,14 @@ __global__ void __launch_bounds__(Kt::threads, 1)
         produce<Kt>(p, CtaWork<Kt>(p, sched.tile(t)), st, tma_q, tma_k, tma_v, ring, q_phase);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Kt::consumer_regs>();
+    const int wg = warp / 4 - 1;
+    turn_start(wg);
     for (int t = int(blockIdx.x); t < sched.tiles; t += int(gridDim.x)) {
       const CtaWork<Kt> w(p, sched.tile(t));
       const Consumer<Elem, Kt> consumer(p, w);
       consumer.run(p, w, st, ring, q_phase);
     }
+    turn_end(wg);
   }
 }
 

@@ -5,7 +5,9 @@
 // Q and K tiles are K-major (D contiguous) in 128-byte swizzle atoms of 8 rows x 64 elements, the
 // layout a TMA box of 64 columns writes and the A/B descriptors of Q K^T read. V is read as the B
 // operand of P V, (N = D) x (K = keys), whose contiguous dimension is N: it is staged MN-major,
-// atoms of 64 D-columns x 8 keys, which is again what a TMA box of the row-major V writes.
+// atoms of 64 D-columns x 8 keys, which is again what a TMA box of the row-major V writes. A D
+// that is not a multiple of 64 (96) takes the 64-byte swizzle, atoms of 32 columns: the widest
+// that tiles its rows.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -46,7 +48,7 @@ struct FwdTraits {
            t.stages == Stages;
   }
   static_assert(BlockQ == 64 * ConsumerWgs, "each consumer warpgroup owns the 64 rows of one wgmma");
-  static_assert(D % 64 == 0 && BlockKv % 64 == 0, "whole 128-byte swizzle atoms in both tile directions");
+  static_assert(D % 32 == 0 && BlockKv % 64 == 0, "whole swizzle atoms in both tile directions");
   static_assert(Stages >= 2, "the producer fills one stage while the consumers read another");
 
   // Registers after setmaxnreg: the producer keeps the minimum, the consumers take the rest of the
@@ -61,16 +63,16 @@ struct FwdTraits {
                                                                    SM90::GMMA::Major::K, SM90::GMMA::Major::MN>(),
                                         AtomLayout{}));
 
-  using SmemQ = decltype(tile_to_shape(SM90::GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<BlockQ>, Int<D>>{}));
-  using SmemKStage = decltype(tile_to_shape(SM90::GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<BlockKv>, Int<D>>{}));
-  using SmemK =
-      decltype(tile_to_shape(SM90::GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<BlockKv>, Int<D>, Int<Stages>>{}));
-  // V's atoms run along the keys first, so that each 64-column slice of D is one TMA box of
+  using AtomK = std::conditional_t<D % 64 == 0, SM90::GMMA::Layout_K_SW128_Atom<T>, SM90::GMMA::Layout_K_SW64_Atom<T>>;
+  using AtomMN =
+      std::conditional_t<D % 64 == 0, SM90::GMMA::Layout_MN_SW128_Atom<T>, SM90::GMMA::Layout_MN_SW64_Atom<T>>;
+  using SmemQ = decltype(tile_to_shape(AtomK{}, Shape<Int<BlockQ>, Int<D>>{}));
+  using SmemKStage = decltype(tile_to_shape(AtomK{}, Shape<Int<BlockKv>, Int<D>>{}));
+  using SmemK = decltype(tile_to_shape(AtomK{}, Shape<Int<BlockKv>, Int<D>, Int<Stages>>{}));
+  // V's atoms run along the keys first, so that each atom-wide slice of D is one TMA box of
   // block_kv rows (in D-first order a box would hold 8 keys).
-  using SmemVStage =
-      decltype(tile_to_shape(SM90::GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<D>, Int<BlockKv>>{}, Step<_2, _1>{}));
-  using SmemV = decltype(tile_to_shape(SM90::GMMA::Layout_MN_SW128_Atom<T>{},
-                                       Shape<Int<D>, Int<BlockKv>, Int<Stages>>{}, Step<_2, _1, _3>{}));
+  using SmemVStage = decltype(tile_to_shape(AtomMN{}, Shape<Int<D>, Int<BlockKv>>{}, Step<_2, _1>{}));
+  using SmemV = decltype(tile_to_shape(AtomMN{}, Shape<Int<D>, Int<BlockKv>, Int<Stages>>{}, Step<_2, _1, _3>{}));
 
   static constexpr uint32_t q_bytes = BlockQ * D * sizeof(T);
   static constexpr uint32_t kv_bytes = BlockKv * D * sizeof(T);  // one of K or V, one stage
