@@ -60,7 +60,8 @@ constexpr GpuTile gpu_tile(int head_dim) {
 // softmax; 128 keys per tile also halve the per-tile barrier and softmax overhead against 64.
 // Shared memory: Q and `stages` K and V tiles, swizzled without padding (the 128-byte swizzle
 // that TMA writes and wgmma reads), plus one 1 KiB block for the pipeline's barriers and one for
-// aligning the tiles to the swizzle's 1 KiB period. D = 128: 32 + 2 x 2 x 32 + 2 = 162 KiB (one
+// aligning the tiles to the swizzle's 1 KiB period (O's staging buffer comes on top where it fits,
+// gpu_tile_sm90_stages_o). D = 128: 32 + 2 x 2 x 32 + 2 = 162 KiB (one
 // CTA per SM: the 384 threads' registers are the limit anyway); D = 64 affords a third stage,
 // 16 + 3 x 2 x 16 + 2 = 114 KiB. D = 256 halves block_kv: O alone is 128 registers, and with S
 // (32) and P (16) of two key tiles in flight about 200 of the 240 are taken; 128 keys would put
@@ -78,8 +79,26 @@ struct GpuTileSm90 {
 
 inline constexpr int kGpuSm90SmemOverhead = 2048;  // barriers + alignment of the tiles to 1 KiB
 
-constexpr int64_t gpu_tile_sm90_smem_bytes(const GpuTileSm90& t, int head_dim) {
+// Hopper's opt-in maximum of shared memory per thread block (227 KiB).
+inline constexpr int64_t kGpuSmemPerBlockMax = 227 * 1024;
+
+// Q and the K/V ring, with the barriers and alignment.
+constexpr int64_t gpu_tile_sm90_operand_bytes(const GpuTileSm90& t, int head_dim) {
   return (int64_t(t.block_q) + int64_t(t.stages) * 2 * t.block_kv) * head_dim * 2 + kGpuSm90SmemOverhead;
+}
+
+// O leaves through shared memory, one TMA store per consumer warpgroup, where the tile leaves room
+// for a block_q x D staging buffer: a store then takes one instruction of one thread instead of
+// D / 8 four-byte stores of every consumer thread, and its writes run while the warpgroup starts
+// the next work tile. D = 256's operands take 194 of the 227 KiB, so there the consumers store O
+// from registers.
+constexpr bool gpu_tile_sm90_stages_o(const GpuTileSm90& t, int head_dim) {
+  return gpu_tile_sm90_operand_bytes(t, head_dim) + int64_t(t.block_q) * head_dim * 2 <= kGpuSmemPerBlockMax;
+}
+
+constexpr int64_t gpu_tile_sm90_smem_bytes(const GpuTileSm90& t, int head_dim) {
+  return gpu_tile_sm90_operand_bytes(t, head_dim) +
+         (gpu_tile_sm90_stages_o(t, head_dim) ? int64_t(t.block_q) * head_dim * 2 : 0);
 }
 
 constexpr GpuTileSm90 gpu_tile_sm90(int head_dim) {

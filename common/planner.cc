@@ -13,9 +13,9 @@
 namespace ioattn {
 namespace {
 
-// Hopper's opt-in maximum per thread block (227 KiB); every table entry must fit it, or the
-// kernel instantiated from the table could not launch on the machine we build for.
-constexpr int64_t kMaxSmemPerBlock = 227 * 1024;
+// Every table entry must fit Hopper's opt-in maximum per thread block, or the kernel
+// instantiated from the table could not launch on the machine we build for.
+constexpr int64_t kMaxSmemPerBlock = kGpuSmemPerBlockMax;
 constexpr int kGpuHeadDims[] = {64, 96, 128, 256};
 constexpr bool gpu_table_fits() {
   for (int d : kGpuHeadDims) {

@@ -75,8 +75,9 @@ cudaError_t launch_hopper(const AttnParams& p, const sm90::DeviceGrid& dev) {
 // chunk_aligned's). Extents fit: sequences are at most 2^30 rows, heads and batch 65535.
 bool tma_addressable(const AttnParams& p) {
   const int64_t limit = (int64_t(1) << 40) / 2;  // 2-byte elements
-  for (const int64_t s : {p.q_batch_stride, p.q_seq_stride, p.q_head_stride, p.k_batch_stride, p.k_seq_stride,
-                          p.k_head_stride, p.v_batch_stride, p.v_seq_stride, p.v_head_stride})
+  for (const int64_t s :
+       {p.q_batch_stride, p.q_seq_stride, p.q_head_stride, p.k_batch_stride, p.k_seq_stride, p.k_head_stride,
+        p.v_batch_stride, p.v_seq_stride, p.v_head_stride, p.o_batch_stride, p.o_seq_stride, p.o_head_stride})
     if (s < 0 || s >= limit) return false;
   return true;
 }

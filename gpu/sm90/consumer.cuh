@@ -1,6 +1,7 @@
 // A consumer warpgroup's walk over the CTA's key tiles: S = Q K^T by wgmma with both operands in
 // shared memory, the online softmax in registers, O += P V by wgmma with P in registers, then the
-// normalized O and the log-sum-exp written straight from the accumulator. Each warpgroup owns 64
+// log-sum-exp and the normalized O, which leaves through a shared staging slice and a TMA store
+// where the tile has room for one, else straight from the accumulator. Each warpgroup owns 64
 // query rows; each thread two of them (g and g + 8 of its warp's 16).
 #pragma once
 
@@ -27,6 +28,8 @@ namespace ioattn::gpu::sm90 {
 // one arrival in the CTA's lifetime.
 inline constexpr uint32_t kTurnBarrier = 0;
 inline constexpr uint32_t kTurnThreads = 256;
+// One more named barrier per consumer warpgroup, for its O staging (after the turns' two).
+inline constexpr uint32_t kStageBarrier = kTurnBarrier + 2;
 
 __device__ __forceinline__ void turn_wait(int wg) {
   cutlass::arch::NamedBarrier::sync(kTurnThreads, kTurnBarrier + uint32_t(wg));
@@ -130,8 +133,9 @@ struct Consumer {
   // on this warpgroup's turn (turn_wait, turn_pass), once their operands have landed, so the
   // turn is never held while waiting for the producer. `ring` enters at this work tile's first
   // key tile and leaves past its last; q_phase counts the Q loads waited for.
+  template <class TmaO>
   __device__ __forceinline__ void run(const AttnParams& p, const CtaWork<Kt>& w, typename Kt::Storage& st,
-                                      Ring<Stages>& ring, uint32_t& q_phase) const {
+                                      Ring<Stages>& ring, uint32_t& q_phase, const TmaO& tma_o) const {
     typename Kt::MmaQK mma_qk;
     typename Kt::MmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(tc);
@@ -227,29 +231,77 @@ struct Consumer {
       v.advance();
     }
     ring = v;
-    store_output(p, w, sm, tOrO);
+    float l[2];  // the rows' sums, whole across each quad
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) l[hr] = quad_sum(sm.row_sum[hr]);
+    store_lse(p, w, sm, l);
+    if constexpr (Kt::stage_o)
+      store_output_staged(p, w, l, tOrO, st, tma_o);
+    else
+      store_output(p, w, l, tOrO);
   }
 
-  // Normalizes the thread's two rows of O by their row sums and stores them, and their
-  // log-sum-exp where asked.
-  template <class OFrag>
-  __device__ __forceinline__ void store_output(const AttnParams& p, const CtaWork<Kt>& w, const Softmax& sm,
-                                               const OFrag& o) const {
-    Elem* out = static_cast<Elem*>(p.out);
+  // The log-sum-exp of the thread's two rows (sums l), where asked.
+  __device__ __forceinline__ void store_lse(const AttnParams& p, const CtaWork<Kt>& w, const Softmax& sm,
+                                            const float (&l)[2]) const {
+    if (!p.lse || t != 0) return;
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      const float l = quad_sum(sm.row_sum[hr]);
+      const int64_t row = w.m0 + row0 + hr * 8;
+      if (row < w.seq.seqlen_q)
+        p.lse[lse_offset(p, w.b, w.seq, row, w.h)] =
+            softmax::row_lse(softmax::max_for_exp(sm.row_max[hr]), l[hr], softmax::Domain::log2);
+    }
+  }
+
+  // Stores the thread's two rows of normalized O straight from the accumulators.
+  template <class OFrag>
+  __device__ __forceinline__ void store_output(const AttnParams& p, const CtaWork<Kt>& w, const float (&l)[2],
+                                               const OFrag& o) const {
+    Elem* out = static_cast<Elem*>(p.out);
+    const float inv[2] = {softmax::output_scale(l[0]), softmax::output_scale(l[1])};
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
       const int64_t row = w.m0 + row0 + hr * 8;
       if (row >= w.seq.seqlen_q) continue;
-      const float inv = softmax::output_scale(l);
       Elem* dst = out + o_offset(p, w.b, w.seq, row, w.h) + 2 * t;
 #pragma unroll
       for (int d = 0; d < OT; ++d)
         *reinterpret_cast<uint32_t*>(dst + d * 8) =
-            sm80::ElemOps<Elem>::pack(o(4 * d + 2 * hr) * inv, o(4 * d + 2 * hr + 1) * inv);
-      if (p.lse && t == 0)
-        p.lse[lse_offset(p, w.b, w.seq, row, w.h)] =
-            softmax::row_lse(softmax::max_for_exp(sm.row_max[hr]), l, softmax::Domain::log2);
+            sm80::ElemOps<Elem>::pack(o(4 * d + 2 * hr) * inv[hr], o(4 * d + 2 * hr + 1) * inv[hr]);
+    }
+  }
+
+  // Writes the warpgroup's 64 rows of normalized O into its staging slice, then one thread stores
+  // the slice with TMA, which clips the rows past the sequence's end. That thread first waits
+  // until its previous store has read the slice; the stage barrier orders the other threads'
+  // writes after that wait, and their proxy fence and a second barrier put the writes before the
+  // store.
+  template <class OFrag, class TmaO>
+  __device__ __forceinline__ void store_output_staged(const AttnParams& p, const CtaWork<Kt>& w, const float (&l)[2],
+                                                      const OFrag& o, typename Kt::Storage& st,
+                                                      const TmaO& tma_o) const {
+    const bool issuer = tc % 128 == 0;
+    Tensor sO = make_tensor(make_smem_ptr(st.o.o + wg * Kt::o_slice_elems), typename Kt::SmemOSlice{});  // (64, D)
+    const float inv[2] = {softmax::output_scale(l[0]), softmax::output_scale(l[1])};
+    if (issuer) cute::tma_store_wait<0>();
+    cutlass::arch::NamedBarrier::sync(128, kStageBarrier + uint32_t(wg));
+    const int r = row0 - wg * 64;  // the thread's first row within the slice
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+      for (int d = 0; d < OT; ++d)
+        *reinterpret_cast<uint32_t*>(&sO(r + hr * 8, d * 8 + 2 * t)) =
+            sm80::ElemOps<Elem>::pack(o(4 * d + 2 * hr) * inv[hr], o(4 * d + 2 * hr + 1) * inv[hr]);
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(128, kStageBarrier + uint32_t(wg));
+    if (issuer && wg * 64 < w.rows_here) {
+      Tensor mO = tma_o.get_tma_tensor(make_shape(int(p.seqlen_q), Int<D>{}, int(p.heads_q), int(p.batch)));
+      Tensor gO = local_tile(mO(_, _, int(w.h), int(w.b)), Shape<_64, Int<D>>{},
+                             make_coord(w.m_block * Kt::consumer_wgs + wg, 0));  // (64, D)
+      auto [tOg, tOs] = tma_partition(tma_o, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sO), group_modes<0, 2>(gO));
+      copy(tma_o, tOs, tOg);
+      cute::tma_store_arrive();
     }
   }
 };

@@ -8,6 +8,8 @@
 // to the consumers. Both roles walk the same work tiles and step the same pipeline state
 // (gpu/sm90/pipeline.cuh), so the producer's loads for the next work tile overlap the consumers'
 // last P V and O stores of this one.
+// O leaves through a shared staging buffer and a TMA store per consumer warpgroup where the tile
+// has room for it (gpu_tile_sm90_stages_o), else straight from the accumulators.
 //
 // Why persistent: with one CTA per work tile, each CTA paid its launch, barrier setup, first Q and
 // K round trip to HBM and its O stores with nothing to hide them behind, since one CTA fills an
@@ -36,11 +38,11 @@ namespace ioattn::gpu::sm90 {
 
 // One CTA per SM: the producer's and consumers' registers fill the file (kernel_traits.cuh).
 // The register cap of __launch_bounds__(threads, 1) is what lets setmaxnreg take effect.
-template <class Elem, class Kt, class TmaQ, class TmaK, class TmaV>
+template <class Elem, class Kt, class TmaQ, class TmaK, class TmaV, class TmaO>
 __global__ void __launch_bounds__(Kt::threads, 1)
     flash_fwd_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ TileSchedule sched,
                      const __grid_constant__ TmaQ tma_q, const __grid_constant__ TmaK tma_k,
-                     const __grid_constant__ TmaV tma_v) {
+                     const __grid_constant__ TmaV tma_v, const __grid_constant__ TmaO tma_o) {
   extern __shared__ unsigned char smem_raw[];
   // The swizzle that TMA writes and wgmma reads repeats every 1 KiB of shared address space; the
   // allocation carries the slack to align to it.
@@ -52,6 +54,7 @@ __global__ void __launch_bounds__(Kt::threads, 1)
     cute::prefetch_tma_descriptor(tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(tma_v.get_tma_descriptor());
+    if constexpr (Kt::stage_o) cute::prefetch_tma_descriptor(tma_o.get_tma_descriptor());
   }
   __syncthreads();
 
@@ -69,9 +72,12 @@ __global__ void __launch_bounds__(Kt::threads, 1)
     for (int t = int(blockIdx.x); t < sched.tiles; t += int(gridDim.x)) {
       const CtaWork<Kt> w(p, sched.tile(t));
       const Consumer<Elem, Kt> consumer(p, w);
-      consumer.run(p, w, st, ring, q_phase);
+      consumer.run(p, w, st, ring, q_phase, tma_o);
     }
     turn_end(wg);
+    // The staging buffer must outlive the last O store's reads of it.
+    if constexpr (Kt::stage_o)
+      if (int(threadIdx.x) % 128 == 0) cute::tma_store_wait<0>();
   }
 }
 
@@ -86,13 +92,14 @@ cudaError_t launch_tile(const AttnParams& p, const DeviceGrid& dev) {
   const auto tma_q = make_tma_q<Kt, Elem>(p);
   const auto tma_k = make_tma_k<Kt, Elem>(p);
   const auto tma_v = make_tma_v<Kt, Elem>(p);
-  auto kernel = flash_fwd_kernel<Elem, Kt, decltype(tma_q), decltype(tma_k), decltype(tma_v)>;
+  const auto tma_o = make_tma_o<Kt, Elem>(p);
+  auto kernel = flash_fwd_kernel<Elem, Kt, decltype(tma_q), decltype(tma_k), decltype(tma_v), decltype(tma_o)>;
   // Per call rather than once: the attribute belongs to the current device's context.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Kt::smem_bytes));
   if (err != cudaSuccess) return err;
   const TileSchedule sched = make_schedule(p, BlockQ, D, dev.sms, dev.l2_bytes);
   kernel<<<sched.ctas, Kt::threads, Kt::smem_bytes, static_cast<cudaStream_t>(p.stream)>>>(p, sched, tma_q, tma_k,
-                                                                                           tma_v);
+                                                                                           tma_v, tma_o);
   return cudaGetLastError();
 }
 

@@ -74,13 +74,25 @@ struct FwdTraits {
   using SmemVStage = decltype(tile_to_shape(AtomMN{}, Shape<Int<D>, Int<BlockKv>>{}, Step<_2, _1>{}));
   using SmemV = decltype(tile_to_shape(AtomMN{}, Shape<Int<D>, Int<BlockKv>, Int<Stages>>{}, Step<_2, _1, _3>{}));
 
+  // O's staging: one 64 x D slice per consumer warpgroup, laid out as Q (a TMA box of each slice
+  // writes its rows), where gpu_tile_sm90_stages_o leaves room for it.
+  static constexpr bool stage_o = gpu_tile_sm90_stages_o(tile, D);
+  using SmemOSlice = decltype(tile_to_shape(AtomK{}, Shape<_64, Int<D>>{}));
+  static constexpr int o_slice_elems = int(cosize_v<SmemOSlice>);
+
   static constexpr uint32_t q_bytes = BlockQ * D * sizeof(T);
   static constexpr uint32_t kv_bytes = BlockKv * D * sizeof(T);  // one of K or V, one stage
 
   // The tiles first, each a whole number of 1 KiB swizzle periods; then the barriers: q_full and
   // per stage k_full and v_full (the producer's transactions), q_empty and per stage k_empty and
   // v_empty (the consumers' releases: K is free once S is computed, a GEMM before V is; Q once the
-  // work tile's last S is).
+  // work tile's last S is); then O's staging slices, where there are any.
+  template <bool Staged, int Elems>
+  struct OStage {
+    alignas(1024) T o[Elems];
+  };
+  template <int Elems>
+  struct OStage<false, Elems> {};
   struct Storage {
     alignas(1024) T q[cosize_v<SmemQ>];
     alignas(1024) T k[cosize_v<SmemK>];
@@ -88,6 +100,7 @@ struct FwdTraits {
     alignas(1024) uint64_t q_full;
     uint64_t q_empty;
     uint64_t k_full[Stages], v_full[Stages], k_empty[Stages], v_empty[Stages];
+    OStage<stage_o, ConsumerWgs * o_slice_elems> o;  // last: empty where O is not staged
   };
   // The dynamic allocation: the storage plus the slack that aligns it to 1 KiB (the runtime only
   // promises 16 bytes).
@@ -110,13 +123,19 @@ auto gmem_k(const AttnParams& p) {
                                  make_stride(p.k_seq_stride, _1{}, p.k_head_stride, p.k_batch_stride)));
 }
 template <class Elem, int D>
+auto gmem_o(const AttnParams& p) {
+  return make_tensor(make_gmem_ptr(static_cast<CuteElem<Elem>*>(p.out)),
+                     make_layout(make_shape(int(p.seqlen_q), Int<D>{}, int(p.heads_q), int(p.batch)),
+                                 make_stride(p.o_seq_stride, _1{}, p.o_head_stride, p.o_batch_stride)));
+}
+template <class Elem, int D>
 auto gmem_vt(const AttnParams& p) {
   return make_tensor(make_gmem_ptr(static_cast<const CuteElem<Elem>*>(p.v)),
                      make_layout(make_shape(Int<D>{}, int(p.seqlen_k), int(p.heads_kv), int(p.batch)),
                                  make_stride(_1{}, p.v_seq_stride, p.v_head_stride, p.v_batch_stride)));
 }
 
-// The three TMA descriptors, built on the host per call (they hold the base pointers) and passed
+// The TMA descriptors, built on the host per call (they hold the base pointers) and passed
 // to the kernel as __grid_constant__ parameters.
 template <class Kt, class Elem>
 auto make_tma_q(const AttnParams& p) {
@@ -129,6 +148,14 @@ auto make_tma_k(const AttnParams& p) {
 template <class Kt, class Elem>
 auto make_tma_v(const AttnParams& p) {
   return make_tma_copy(SM90_TMA_LOAD{}, gmem_vt<Elem, Kt::head_dim>(p), typename Kt::SmemVStage{});
+}
+// O's store descriptor, one warpgroup's 64 rows per box; a tile without O staging gets none.
+template <class Kt, class Elem>
+auto make_tma_o(const AttnParams& p) {
+  if constexpr (Kt::stage_o)
+    return make_tma_copy(SM90_TMA_STORE{}, gmem_o<Elem, Kt::head_dim>(p), typename Kt::SmemOSlice{});
+  else
+    return 0;
 }
 
 }  // namespace ioattn::gpu::sm90
