@@ -1,7 +1,7 @@
 // The sm_90a forward (gpu/sm90/) against the fp64 oracle with the FlashAttention-2 tolerance rule:
 // every head dim it covers, both storage types, no mask, causal and windows, GQA and MQA, lengths
-// that are not multiples of its 128-row and 128- or 64-key tiles, LSE, the NaN rules, and 50 launches
-// bitwise equal; the persistent grid with fewer, as many and many more work tiles than SMs, and
+// that are not multiples of its 128-row and 128- or 64-key tiles, LSE, the NaN rules, output rows'
+// padding untouched, and 50 launches bitwise equal; the persistent grid with fewer, as many and many more work tiles than SMs, and
 // its tile order on the host. Every case first checks that dispatch sends it to the sm_90a
 // kernel, and the dispatch rule itself is checked for what the kernel leaves to the others. Exits
 // 77 ("SKIPPED") where no compute capability 9.0 device is visible or the build has no sm_90a
@@ -356,6 +356,45 @@ TEST_CASE("sm_90a forward: GQA and MQA, softcap, scales, adversarial values", "[
     c.layout = {false, 8};
     check_sm90(c);
   }
+}
+
+// O leaves through a TMA store at D = 64, 96 and 128 and from registers at 256: either way the 8
+// padding elements after each output row (poisoned with 0xff before the call) stay as they were,
+// whether a warpgroup's 64-row box is whole, clipped at the sequence's end, or empty.
+TEST_CASE("sm_90a forward: O's stores leave the rows' padding untouched", "[gpu][sm90][sanitize]") {
+  for (const int64_t d : kSm90Dims)
+    for (const bool head_major : {false, true}) {
+      Case c;
+      c.head_dim = d;
+      c.batch = 3;
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      c.seqlen_k = 150;
+      c.causal = head_major;
+      c.layout = {head_major, 8};
+      c.seed = uint32_t(d + head_major);
+      // 70 rows clip the second warpgroup's 64-row box to 6 rows; 40 leave it empty.
+      for (const int64_t sq : {int64_t(70), int64_t(40)}) {
+        c.seqlen_q = sq;
+        Problem pr(c);
+        const Oracle o = make_oracle(pr);
+        INFO(c.name());
+        const AttnParams dp = pr.device_params();
+        REQUIRE(ioattn::gpu::forward_kernel(dp) == "sm90");
+        pr.run_gpu(dp);
+        check_against(pr, o);
+        const size_t elem = size_t(ioattn::dtype_bytes(c.dtype));
+        int64_t touched = 0;
+        for (int64_t b = 0; b < c.batch; ++b)
+          for (int64_t h = 0; h < c.heads_q; ++h)
+            for (int64_t i = 0; i < sq; ++i) {
+              const int64_t row = b * pr.to.stride_batch + h * pr.to.stride_head + i * pr.to.stride_seq;
+              for (size_t byte = size_t(row + d) * elem; byte < size_t(row + d + 8) * elem; ++byte)
+                touched += pr.out.host[byte] != 0xff;
+            }
+        CHECK(touched == 0);
+      }
+    }
 }
 
 TEST_CASE("sm_90a forward: NaN inputs reach exactly the rows that see them", "[gpu][sm90][sanitize]") {
