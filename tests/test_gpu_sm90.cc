@@ -1,11 +1,11 @@
 // The sm_90a forward (gpu/sm90/) against the fp64 oracle with the FlashAttention-2 tolerance rule:
 // every head dim it covers, both storage types, no mask, causal and windows, GQA and MQA, lengths
 // that are not multiples of its 128-row and 128- or 64-key tiles, LSE, the NaN rules, output rows'
-// padding untouched, and 50 launches bitwise equal; the persistent grid with fewer, as many and many more work tiles than SMs, and
-// its tile order on the host. Every case first checks that dispatch sends it to the sm_90a
-// kernel, and the dispatch rule itself is checked for what the kernel leaves to the others. Exits
-// 77 ("SKIPPED") where no compute capability 9.0 device is visible or the build has no sm_90a
-// path.
+// padding untouched, and 50 launches bitwise equal; the persistent grid with fewer, as many and
+// many more work tiles than SMs, and its tile order on the host. Every case first checks that
+// dispatch sends it to the sm_90a kernel, and the dispatch rule itself is checked for what the
+// kernel leaves to the others. Exits 77 ("SKIPPED") where no compute capability 9.0 device is
+// visible or the build has no sm_90a path.
 //
 // Tags: [sanitize] marks the small cases scripts/gpu_run.sh runs under compute-sanitizer.
 #include <algorithm>
