@@ -75,11 +75,16 @@ void naive_pairs(const AttnParams& p, T* out, T* lse, int64_t first, int64_t ste
 // Rows are independent and each is summed the same way on any thread, so the split changes
 // nothing in the result; it only keeps the oracle from dominating the GPU suites' time on a
 // many-core host. Pairs are dealt round-robin: under a causal mask or varlen they differ in size.
+// A thread is started only for a share of at least kMinShare multiply-adds (about a millisecond
+// of this scalar code, tens of times a thread's start), so the suites' many small calls
+// stay on the caller's thread.
 template <class T>
 void naive_attention(const AttnParams& p, T* out, T* lse) {
+  constexpr int64_t kMinShare = int64_t(1) << 20;
   const int64_t pairs = p.batch * p.heads_q;
-  const int64_t workers =
-      std::clamp<int64_t>(int64_t(std::thread::hardware_concurrency()), 1, std::max<int64_t>(pairs, 1));
+  const double work = double(pairs) * double(p.seqlen_q) * double(p.seqlen_k) * double(p.head_dim + p.head_dim_v);
+  const int64_t shares = int64_t(std::min(work / double(kMinShare), double(std::thread::hardware_concurrency())));
+  const int64_t workers = std::clamp<int64_t>(shares, 1, std::max<int64_t>(pairs, 1));
   std::vector<std::thread> pool;
   int64_t started = 1;
   try {
