@@ -4,7 +4,8 @@
 # compute-sanitizer (memcheck, racecheck, synccheck) over every GPU test binary, the CPU tests on
 # that host's AVX-512 cores, and the benchmark beside PyTorch's SDPA backends. Everything printed
 # also lands in $OUT (default ./out): build.txt, device.txt, ctest.txt, gpu_test.txt, sanitize.txt,
-# cpu_test.txt, python_test.txt, python_wheel.txt, bench_ioattn.jsonl, bench_table.md, bench_peers.json.
+# cpu_test.txt, python_test.txt, python_wheel.txt, bench_ioattn.jsonl, bench_table.md, bench_peers.json,
+# bench_decode.jsonl, bench_decode_table.md, bench_decode_peers.json.
 #
 # The build uses the Debian packages carried in .deps/debs, unpacked into a prefix (Highway,
 # nlohmann_json, OpenBLAS: that machine's Ubuntu lacks Highway), and the machine's own Catch2 3
@@ -12,8 +13,9 @@
 # the tests meet Catch2 3, and a run that built only named targets once hid a test tree that did
 # not compile there.
 #
-#   IOATTN_STEPS="ctest test sanitize cpu python bench"
-#                                       which steps to run after the build (default: all six)
+#   IOATTN_STEPS="ctest test sanitize cpu python bench decode"
+#                                       which steps to run after the build (default: all seven;
+#                                       decode is the split-KV decode beside SDPA, B = 8, D = 128)
 #   IOATTN_GPU_TESTS="test_gpu_forward test_gpu_sm90 test_gpu_inference test_gpu_faults"
 #                                       GPU test binaries for the test and sanitize steps
 #   IOATTN_SANITIZE_TOOLS="memcheck racecheck synccheck"
@@ -37,7 +39,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$root/out}
 mkdir -p "$OUT"
-steps=${IOATTN_STEPS:-ctest test sanitize cpu python bench}
+steps=${IOATTN_STEPS:-ctest test sanitize cpu python bench decode}
 gpu_tests=${IOATTN_GPU_TESTS:-test_gpu_forward test_gpu_sm90 test_gpu_inference test_gpu_faults}
 cpu_tests=${IOATTN_CPU_TESTS:-test_cpu_forward test_cpu_edge test_cpu_decode test_inference_cpu test_cpu_threads}
 tools=${IOATTN_SANITIZE_TOOLS:-memcheck racecheck synccheck}
@@ -82,6 +84,7 @@ tail -5 "$OUT/build.txt"
 [[ $rc -eq 0 ]] || { echo "gpu_run: build failed (exit $rc), see $OUT/build.txt" >&2; exit 1; }
 test_dir=$build/tests
 bench_bin=$build/bench/gpu/bench_gpu_forward
+decode_bin=$build/bench/gpu/bench_gpu_decode
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/device.txt"
 if [[ -n "${IOATTN_TREE:-}" ]]; then
@@ -233,5 +236,12 @@ if [[ " $steps " == *" bench "* ]]; then
   "$bench_bin" --max-seqlen "$max_seqlen" | tee "$OUT/bench_ioattn.jsonl" || status=1
   PYTHONUNBUFFERED=1 python3 "$root/bench/gpu/compare.py" --ours "$OUT/bench_ioattn.jsonl" \
     --json "$OUT/bench_peers.json" --max-seqlen "$max_seqlen" | tee "$OUT/bench_table.md" || status=1
+fi
+
+if [[ " $steps " == *" decode "* ]]; then
+  echo "== decode benchmark"
+  "$decode_bin" | tee "$OUT/bench_decode.jsonl" || status=1
+  PYTHONUNBUFFERED=1 python3 "$root/bench/gpu/compare_decode.py" --ours "$OUT/bench_decode.jsonl" \
+    --json "$OUT/bench_decode_peers.json" | tee "$OUT/bench_decode_table.md" || status=1
 fi
 exit $status

@@ -9,9 +9,14 @@ cache read once, B * Sk * Hkv * D * 2 bytes each for K and V. GQA goes to the pe
 enable_gqa=True; a backend that refuses it gets K/V expanded to Hq heads, which it then reads
 Hq / Hkv times (the table marks such rows "expanded").
 
+The ceiling is the card's copy bandwidth, measured first in the same run: a 2 GiB device-to-device
+copy_ (bytes read + bytes written over its do_bench median), the figure issue 27's bar is
+stated against.
+
 usage: compare_decode.py --ours decode.jsonl [--json peers.json] [--max-seqlen 131072]
 """
 import torch
+import triton.testing
 
 from sdpa_common import PEERS, fmt, load_ours, parse_args, print_device, ratio, save_rows, time_peer
 
@@ -20,8 +25,19 @@ def time_decode_peer(backend, q, k, v, gqa):
     return time_peer(backend, q, k, v, rep=200, warm_first=True, note=f" gqa={gqa}", enable_gqa=gqa)
 
 
+def copy_tbps():
+    src = torch.empty(1 << 30, device="cuda", dtype=torch.bfloat16).normal_()
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), rep=500, return_mode="median")
+    moved = 2.0 * src.numel() * src.element_size()
+    del src, dst
+    torch.cuda.empty_cache()
+    return moved / ms * 1e-9
+
+
 def main():
     args = parse_args(max_seqlen=131072)
+    ceiling = copy_tbps()
     ours = load_ours(args.ours, lambda r: (r["heads_kv"], r["seqlen_k"]))
 
     torch.manual_seed(0)
@@ -33,7 +49,7 @@ def main():
             kv_bytes = 2.0 * b * sk * hkv * d * 2
             q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
             k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
-            row = {"heads_kv": hkv, "seqlen_k": sk}
+            row = {"heads_kv": hkv, "seqlen_k": sk, "copy_tbps": ceiling}
             for name, backend in PEERS.items():
                 ms = time_decode_peer(backend, q, k, v, hkv != hq)
                 expanded = False
@@ -54,16 +70,19 @@ def main():
             sk *= 2
 
     print_device()
+    print(f"copy bandwidth (2 GiB copy_, read + write): {ceiling:.2f} TB/s")
+    print()
     print("| Hkv | Sk | splits | ioattn TB/s (kernels) | ioattn TB/s (API call) | FA2 (SDPA flash) | cuDNN (SDPA) "
-          "| vs FA2 | vs cuDNN | model/counted bytes | check |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| vs FA2 | vs cuDNN | of copy | model/counted bytes | check |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         fl = fmt(r["flash_tbps"]) + (" (expanded)" if r["flash_expanded"] else "")
         cu = fmt(r["cudnn_tbps"]) + (" (expanded)" if r["cudnn_expanded"] else "")
         model = ratio(r["ioattn_model_dram_bytes"], r["ioattn_kv_bytes"])
         print(f"| {r['heads_kv']} | {r['seqlen_k']} | {fmt(r['ioattn_kv_splits'], 'd')} | {fmt(r['ioattn_tbps'])} | "
               f"{fmt(r['ioattn_api_tbps'])} | {fl} | {cu} | {ratio(r['ioattn_tbps'], r['flash_tbps'])} | "
-              f"{ratio(r['ioattn_tbps'], r['cudnn_tbps'])} | {model} | {r['ioattn_check']} |")
+              f"{ratio(r['ioattn_tbps'], r['cudnn_tbps'])} | {ratio(r['ioattn_tbps'], ceiling)} | {model} | "
+              f"{r['ioattn_check']} |")
     save_rows(args.json, rows)
 
 
