@@ -20,7 +20,7 @@
 #include "gpu/decode_launch.cuh"
 #include "gpu/elem_convert.cuh"
 #include "gpu/gpu_backend.h"
-#include "gpu/sm80/primitives.cuh"
+#include "gpu/primitives.cuh"
 
 namespace ioattn::gpu {
 namespace {
@@ -135,7 +135,7 @@ __global__ void merge_kernel(const __grid_constant__ AttnParams p, const __grid_
   const SeqSpan seq = sequence(p, b);
   const int group = int(p.heads_q / p.heads_kv);
   const int rows = group * int(seq.seqlen_q), dv = int(p.head_dim_v);
-  auto exp2_fn = [](float x) { return sm80::fast_exp2(x); };
+  auto exp2_fn = [](float x) { return fast_exp2(x); };
   Elem* out = static_cast<Elem*>(p.out);
   for (int e = int(threadIdx.x); e < rows * dv; e += int(blockDim.x)) {
     const int r = e / dv, c = e % dv;

@@ -124,7 +124,7 @@ struct DecodeCta {
   // output and its log-sum-exp (one split) or this split's (O, m, l) partial.
   __device__ __forceinline__ void merge_and_store(const AttnParams& p, const Partials& part) const {
     const Scratch sc = scratch();
-    auto exp2_fn = [](float x) { return sm80::fast_exp2(x); };
+    auto exp2_fn = [](float x) { return fast_exp2(x); };
     Elem* out = static_cast<Elem*>(p.out);
     const int64_t partial_row = ((int64_t(split) * gridDim.z + b) * gridDim.y + hk) * Rows;
     for (int e = int(threadIdx.x); e < rows * D; e += Threads) {
@@ -220,7 +220,7 @@ struct DecodeWarp {
   // probabilities and sets each row's rescale factor.
   __device__ __forceinline__ void softmax_update(float (&row_max)[2], float (&row_sum)[2], float (&s)[2][4], float kmul,
                                                  float (&factor)[2]) const {
-    auto exp2_fn = [](float x) { return sm80::fast_exp2(x); };
+    auto exp2_fn = [](float x) { return fast_exp2(x); };
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       float m = fmaxf(fmaxf(s[0][2 * hr], s[0][2 * hr + 1]), fmaxf(s[1][2 * hr], s[1][2 * hr + 1])) * kmul;
@@ -240,7 +240,7 @@ struct DecodeWarp {
         for (int n = 0; n < 2; ++n)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float pe = sm80::fast_exp2(arg(s[n][2 * hr + e], m_ref));
+            const float pe = fast_exp2(arg(s[n][2 * hr + e], m_ref));
             s[n][2 * hr + e] = pe;
             sum += pe;
           }

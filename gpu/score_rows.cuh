@@ -8,7 +8,7 @@
 
 #include "common/online_softmax.h"
 #include "common/params.h"
-#include "gpu/sm80/primitives.cuh"
+#include "gpu/primitives.cuh"
 
 namespace ioattn::gpu {
 
@@ -88,7 +88,7 @@ __device__ __forceinline__ float quad_sum(float l) {
 template <int NT>
 __device__ __forceinline__ void update_row_max(float (&row_max)[2], const float (&s)[NT][4], float k,
                                                float (&factor)[2], float (&m_ref)[2], bool& small) {
-  auto exp2_fn = [](float d) { return sm80::fast_exp2(d); };
+  auto exp2_fn = [](float d) { return fast_exp2(d); };
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     float r[2 * NT];
@@ -127,7 +127,7 @@ __device__ __forceinline__ float exp_slice(const float (&s)[NT][4], int kn, int 
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) pe[h][e] = sm80::fast_exp2(fmaf(s[2 * kn + h][2 * hr + e], k_exp, -m_ref));
+    for (int e = 0; e < 2; ++e) pe[h][e] = fast_exp2(fmaf(s[2 * kn + h][2 * hr + e], k_exp, -m_ref));
   return (pe[0][0] + pe[0][1]) + (pe[1][0] + pe[1][1]);
 }
 

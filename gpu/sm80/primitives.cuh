@@ -1,6 +1,7 @@
 // The sm_80 instruction vocabulary of the flash kernels: asynchronous global->shared copies,
 // ldmatrix and the m16n8k16 tensor-core product, each a thin inline-PTX wrapper. Everything here
-// also runs on sm_90 (where the wgmma/TMA path would replace it, beside this one, not inside it).
+// also runs on sm_90; the sm_90a kernel (gpu/sm90/) has its own wgmma and TMA vocabulary and
+// shares only gpu/primitives.cuh with this one.
 //
 // Fragment layouts of mma.m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with
 // g = lane / 4 and t = lane % 4:
@@ -17,6 +18,8 @@
 
 #include <cstdint>
 #include <type_traits>
+
+#include "gpu/primitives.cuh"
 
 namespace ioattn::gpu::sm80 {
 
@@ -48,28 +51,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
-// exp2 on the special-function unit: relative error about 2^-22, -inf -> +0, NaN -> NaN.
-// Subnormal results flush to zero, below the resolution of any probability that survives the
-// fp32 row sum.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// The packed pair conversion of a storage element type, rounding to nearest even as the
-// contract asks.
-template <class Elem>
-struct ElemPair;
-template <>
-struct ElemPair<__nv_bfloat16> {
-  __device__ __forceinline__ static __nv_bfloat162 round(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
-};
-template <>
-struct ElemPair<__half> {
-  __device__ __forceinline__ static __half2 round(float lo, float hi) { return __floats2half2_rn(lo, hi); }
-};
-
 // D += A B on the tensor cores, fp32 accumulate; AB is the PTX type of A and B ("bf16", "f16"),
 // which an asm string cannot take from a template argument.
 #define IOATTN_SM80_MMA_M16N8K16(AB)                     \
@@ -84,10 +65,7 @@ struct ElemPair<__half> {
 template <class Elem>
 struct ElemOps {
   static_assert(std::is_same_v<Elem, __nv_bfloat16> || std::is_same_v<Elem, __half>, "bf16 or f16 storage");
-  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
-    auto v = ElemPair<Elem>::round(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) { return pack_pair<Elem>(lo, hi); }
   __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     if constexpr (std::is_same_v<Elem, __nv_bfloat16>)
       IOATTN_SM80_MMA_M16N8K16("bf16");

@@ -11,8 +11,8 @@
 
 #include "common/online_softmax.h"
 #include "common/params.h"
+#include "gpu/primitives.cuh"
 #include "gpu/score_rows.cuh"
-#include "gpu/sm80/primitives.cuh"
 #include "gpu/sm90/kernel_traits.cuh"
 #include "gpu/sm90/pipeline.cuh"
 #include "gpu/sm90/softmax.cuh"
@@ -268,7 +268,7 @@ struct Consumer {
 #pragma unroll
       for (int d = 0; d < OT; ++d)
         *reinterpret_cast<uint32_t*>(dst + d * 8) =
-            sm80::ElemOps<Elem>::pack(o(4 * d + 2 * hr) * inv[hr], o(4 * d + 2 * hr + 1) * inv[hr]);
+            pack_pair<Elem>(o(4 * d + 2 * hr) * inv[hr], o(4 * d + 2 * hr + 1) * inv[hr]);
     }
   }
 
@@ -292,7 +292,7 @@ struct Consumer {
 #pragma unroll
       for (int d = 0; d < OT; ++d)
         *reinterpret_cast<uint32_t*>(&sO(r + hr * 8, d * 8 + 2 * t)) =
-            sm80::ElemOps<Elem>::pack(o(4 * d + 2 * hr) * inv[hr], o(4 * d + 2 * hr + 1) * inv[hr]);
+            pack_pair<Elem>(o(4 * d + 2 * hr) * inv[hr], o(4 * d + 2 * hr + 1) * inv[hr]);
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(128, kStageBarrier + uint32_t(wg));
     if (issuer && wg * 64 < w.rows_here) {

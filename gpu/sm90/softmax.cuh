@@ -9,8 +9,8 @@
 #pragma once
 
 #include "common/online_softmax.h"
+#include "gpu/primitives.cuh"
 #include "gpu/score_rows.cuh"
-#include "gpu/sm80/primitives.cuh"
 
 namespace ioattn::gpu::sm90 {
 
@@ -64,7 +64,7 @@ struct RowSoftmax {
         row_sum[hr] += exp_slice(s, kn, hr, k_exp, m_ref[hr], pe);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const auto pair = sm80::ElemPair<Elem>::round(pe[h][0], pe[h][1]);
+          const auto pair = ElemPair<Elem>::round(pe[h][0], pe[h][1]);
           using T = typename PFrag::value_type;
           p_frag(8 * kn + 4 * h + 2 * hr) = cute_bits<T>(pair.x);
           p_frag(8 * kn + 4 * h + 2 * hr + 1) = cute_bits<T>(pair.y);
