@@ -15,7 +15,8 @@
 #
 #   IOATTN_STEPS="ctest test sanitize cpu python bench decode"
 #                                       which steps to run after the build (default: all seven;
-#                                       decode is the split-KV decode beside SDPA, B = 8, D = 128)
+#                                       decode is the split-KV decode beside SDPA, B = 8, D = 128,
+#                                       contiguous and in pages of 16 keys)
 #   IOATTN_GPU_TESTS="test_gpu_forward test_gpu_sm90 test_gpu_inference test_gpu_faults"
 #                                       GPU test binaries for the test and sanitize steps
 #   IOATTN_SANITIZE_TOOLS="memcheck racecheck synccheck"
@@ -241,6 +242,8 @@ fi
 if [[ " $steps " == *" decode "* ]]; then
   echo "== decode benchmark"
   "$decode_bin" | tee "$OUT/bench_decode.jsonl" || status=1
+  # Paged with 16-key pages in shuffled order: issue 27's decode bar names them.
+  "$decode_bin" --page-size 16 | tee -a "$OUT/bench_decode.jsonl" || status=1
   PYTHONUNBUFFERED=1 python3 "$root/bench/gpu/compare_decode.py" --ours "$OUT/bench_decode.jsonl" \
     --json "$OUT/bench_decode_peers.json" | tee "$OUT/bench_decode_table.md" || status=1
 fi

@@ -1,5 +1,7 @@
 // Times decode (Sq = 1) on the CUDA backend: B = 8, Hq = 32, Hkv = 32 and 8, D = 128, bf16,
-// a contiguous KV cache of Sk = 4k..128k keys per sequence. Each configuration: fresh random
+// a KV cache of Sk = 4k..128k keys per sequence, contiguous or (--page-size P) in pages of P
+// keys dealt to the sequences in a shuffled order, as a serving engine's allocator leaves them
+// after a while. Each configuration: fresh random
 // cache contents, 5 warm-up calls, then the median of 30 calls timed with CUDA events, twice:
 // through ioattn_forward_kvcache (the public call, whose validation downloads seqlens and so
 // synchronizes the stream before the launch) and through the backend entry on the resolved
@@ -15,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/gpu/bench_gpu_common.h"
@@ -50,27 +53,59 @@ bool fill(uint16_t* dst, size_t elems, const uint16_t* pool, uint64_t seed) {
   return true;
 }
 
-struct Shape {
-  int64_t batch, hq, hkv, d, sk;
+// The block table on the device (one int32 when unused, so the pointer is always valid).
+struct DeviceTable {
+  int32_t* ptr = nullptr;
+  DeviceTable() = default;
+  DeviceTable(const DeviceTable&) = delete;
+  DeviceTable& operator=(const DeviceTable&) = delete;
+  ~DeviceTable() { cudaFree(ptr); }
+  bool upload(const std::vector<int32_t>& table) {
+    return check(cudaMalloc(&ptr, table.size() * 4), "malloc table") &&
+           check(cudaMemcpy(ptr, table.data(), table.size() * 4, cudaMemcpyHostToDevice), "table");
+  }
 };
 
+struct Shape {
+  int64_t batch, hq, hkv, d, sk;
+  int64_t page;  // 0: contiguous
+};
+
+// A shuffled block table: B x (Sk / page) distinct page ids (Fisher-Yates over all pages).
+std::vector<int32_t> shuffled_pages(const Shape& s, Lcg& rng) {
+  std::vector<int32_t> table(size_t(s.batch * (s.sk / s.page)));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
+  for (size_t i = table.size() - 1; i > 0; --i) {
+    const size_t j = size_t(std::fabs(rng.next()) * float(i + 1)) % (i + 1);
+    std::swap(table[i], table[j]);
+  }
+  return table;
+}
+
 // Max |out - ref| over (b, h) in {0, B-1} x {0, Hq-1}, the reference in double from the cache
-// rows downloaded from the device.
-double check_rows(const Shape& s, const uint16_t* dk, const uint16_t* dv, const std::vector<uint16_t>& q,
-                  const std::vector<uint16_t>& out) {
+// rows downloaded from the device (page by page through the block table when paged).
+double check_rows(const Shape& s, const uint16_t* dk, const uint16_t* dv, const std::vector<int32_t>& table,
+                  const std::vector<uint16_t>& q, const std::vector<uint16_t>& out) {
   double worst = 0;
   std::vector<uint16_t> kr(size_t(s.sk * s.d)), vr(kr.size());
+  const size_t pitch = size_t(s.hkv * s.d * 2), row_bytes = size_t(s.d * 2);
   for (const int64_t b : {int64_t(0), s.batch - 1})
     for (const int64_t h : {int64_t(0), s.hq - 1}) {
       const int64_t hk = h / (s.hq / s.hkv);
-      const size_t pitch = size_t(s.hkv * s.d * 2), at = size_t((b * s.sk * s.hkv + hk) * s.d);
-      if (!check(cudaMemcpy2D(kr.data(), size_t(s.d * 2), dk + at, pitch, size_t(s.d * 2), size_t(s.sk),
-                              cudaMemcpyDeviceToHost),
-                 "download K") ||
-          !check(cudaMemcpy2D(vr.data(), size_t(s.d * 2), dv + at, pitch, size_t(s.d * 2), size_t(s.sk),
-                              cudaMemcpyDeviceToHost),
-                 "download V"))
-        return INFINITY;
+      // Runs of consecutive keys that lie in consecutive cache rows: the whole sequence, or a page.
+      const int64_t run = s.page > 0 ? s.page : s.sk;
+      for (int64_t j = 0; j < s.sk; j += run) {
+        const int64_t slot =
+            s.page > 0 ? int64_t(table[size_t(b * (s.sk / s.page) + j / s.page)]) * s.page : b * s.sk + j;
+        const size_t at = size_t((slot * s.hkv + hk) * s.d), to = size_t(j * s.d);
+        if (!check(
+                cudaMemcpy2D(kr.data() + to, row_bytes, dk + at, pitch, row_bytes, size_t(run), cudaMemcpyDeviceToHost),
+                "download K") ||
+            !check(
+                cudaMemcpy2D(vr.data() + to, row_bytes, dv + at, pitch, row_bytes, size_t(run), cudaMemcpyDeviceToHost),
+                "download V"))
+          return INFINITY;
+      }
       const size_t row = size_t((b * s.hq + h) * s.d);
       worst = ioattn::gpu_bench::worst_error(
           worst, ioattn::gpu_bench::row_error(q.data() + row, kr.data(), vr.data(), s.d, s.sk, s.d, out.data() + row));
@@ -100,9 +135,10 @@ double median_ms(Call call, int64_t warmup, int64_t iters, cudaEvent_t start, cu
 }  // namespace
 
 // usage: bench_gpu_decode [--max-seqlen N] [--seqlen-k N] [--kv-heads H] [--iters N] [--warmup N]
+//                         [--page-size P]
 // (--seqlen-k and --kv-heads pick one configuration, e.g. for ncu with --iters 1 --warmup 0).
 int main(int argc, char** argv) {
-  int64_t max_seqlen = 131072, only_sk = 0, only_hkv = 0, iters = 30, warmup = 5;
+  int64_t max_seqlen = 131072, only_sk = 0, only_hkv = 0, iters = 30, warmup = 5, page = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const int64_t value = std::atoll(argv[i + 1]);
@@ -116,8 +152,14 @@ int main(int argc, char** argv) {
       iters = std::max<int64_t>(1, value);
     else if (flag == "--warmup")
       warmup = std::max<int64_t>(0, value);
+    else if (flag == "--page-size")
+      page = value;
     else
       return unknown_flag(flag);
+  }
+  if (page < 0 || (page > 0 && 4096 % page != 0)) {
+    std::fprintf(stderr, "--page-size %lld: must be 0 (contiguous) or divide 4096\n", (long long)page);
+    return 2;
   }
   if (!ioattn::gpu::available()) return skipped_without_device();
   ioattn::HardwareProfile h200;
@@ -149,8 +191,11 @@ int main(int argc, char** argv) {
   for (const int64_t hkv : {int64_t(32), int64_t(8)})
     for (int64_t sk = 4096; sk <= max_seqlen; sk *= 2) {
       if ((only_sk && sk != only_sk) || (only_hkv && hkv != only_hkv)) continue;
-      const Shape s{kBatch, kHeadsQ, hkv, kDim, sk};
+      const Shape s{kBatch, kHeadsQ, hkv, kDim, sk, page};
       const size_t used = size_t(s.batch * s.sk * s.hkv * s.d);
+      const std::vector<int32_t> table = s.page > 0 ? shuffled_pages(s, rng) : std::vector<int32_t>{0};
+      DeviceTable dtable;
+      if (!dtable.upload(table)) return 1;
       std::vector<uint16_t> hq(q_elems), ho(q_elems);
       for (auto& x : hq) x = ioattn::f32_to_bf16(rng.next());
       const std::vector<int32_t> seqlens(size_t(s.batch), int32_t(sk));
@@ -161,10 +206,16 @@ int main(int argc, char** argv) {
 
       const int32_t t = IOATTN_BF16;
       const int64_t row = s.hkv * s.d;
+      // Paged: the cache tensors are (pages, page size, Hkv, D), the batch stride a page's.
+      const int64_t slabs = s.page > 0 ? s.batch * (s.sk / s.page) : s.batch, slab = s.page > 0 ? s.page : s.sk;
       ioattn_kvcache cache{};
-      cache.k = {dk, t, s.batch, s.sk, s.hkv, s.d, s.sk * row, row, s.d};
-      cache.v = {dv, t, s.batch, s.sk, s.hkv, s.d, s.sk * row, row, s.d};
+      cache.k = {dk, t, slabs, slab, s.hkv, s.d, slab * row, row, s.d};
+      cache.v = {dv, t, slabs, slab, s.hkv, s.d, slab * row, row, s.d};
       cache.seqlens = dseq;
+      if (s.page > 0) {
+        cache.block_table = dtable.ptr;
+        cache.max_pages_per_seq = int32_t(s.sk / s.page);
+      }
       const ioattn_tensor tq{dq, t, s.batch, 1, s.hq, s.d, s.hq * s.d, s.hq * s.d, s.d};
       const ioattn_tensor to{dout, t, s.batch, 1, s.hq, s.d, s.hq * s.d, s.hq * s.d, s.d};
       ioattn_options opt;
@@ -180,7 +231,12 @@ int main(int argc, char** argv) {
       p.q_batch_stride = p.o_batch_stride = s.hq * s.d;
       p.q_seq_stride = p.o_seq_stride = s.hq * s.d;
       p.q_head_stride = p.o_head_stride = s.d;
-      p.k_batch_stride = p.v_batch_stride = s.sk * row;
+      p.k_batch_stride = p.v_batch_stride = slab * row;
+      if (s.page > 0) {
+        p.block_table = dtable.ptr;
+        p.max_pages_per_seq = s.sk / s.page;
+        p.page_size = s.page;
+      }
       p.k_seq_stride = p.v_seq_stride = row;
       p.k_head_stride = p.v_head_stride = s.d;
       p.seqlens_k = dseq;
@@ -204,7 +260,7 @@ int main(int argc, char** argv) {
         return 1;
       }
       if (!check(cudaMemcpy(ho.data(), dout, q_elems * 2, cudaMemcpyDeviceToHost), "out")) return 1;
-      const double err = check_rows(s, dk, dv, hq, ho);
+      const double err = check_rows(s, dk, dv, table, hq, ho);
       // Outputs are means of many uniform values (magnitude < 0.05 at 4k keys and below):
       // bf16 rounding of P and O stays far below this bound; a wrong split or merge does not.
       const bool good = err < 5e-3;
@@ -217,12 +273,13 @@ int main(int argc, char** argv) {
       const double qo_bytes = 2.0 * double(q_elems) * 2;
       std::printf(
           "{\"impl\": \"ioattn\", \"batch\": %lld, \"heads_q\": %lld, \"heads_kv\": %lld, \"head_dim\": %lld, "
-          "\"seqlen_k\": %lld, \"kv_splits\": %d, \"kernel_ms\": %.4f, \"api_ms\": %.4f, \"kv_bytes\": %.0f, "
+          "\"seqlen_k\": %lld, \"page_size\": %lld, \"kv_splits\": %d, \"kernel_ms\": %.4f, \"api_ms\": %.4f, "
+          "\"kv_bytes\": %.0f, "
           "\"qo_bytes\": %.0f, \"model_dram_bytes\": %.0f, \"tbps\": %.3f, \"api_tbps\": %.3f, \"max_err\": %.2e, "
           "\"check\": \"%s\"}\n",
-          (long long)s.batch, (long long)s.hq, (long long)s.hkv, (long long)s.d, (long long)s.sk, splits, kernel_ms,
-          api_ms, kv_bytes, qo_bytes, model, kv_bytes / kernel_ms * 1e-9, kv_bytes / api_ms * 1e-9, err,
-          good ? "ok" : "FAIL");
+          (long long)s.batch, (long long)s.hq, (long long)s.hkv, (long long)s.d, (long long)s.sk, (long long)s.page,
+          splits, kernel_ms, api_ms, kv_bytes, qo_bytes, model, kv_bytes / kernel_ms * 1e-9, kv_bytes / api_ms * 1e-9,
+          err, good ? "ok" : "FAIL");
       std::fflush(stdout);
     }
   cudaFree(pool), cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dout), cudaFree(dseq);

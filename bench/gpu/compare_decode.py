@@ -13,6 +13,8 @@ The ceiling is the card's copy bandwidth, measured first in the same run: a 2 Gi
 copy_ (bytes read + bytes written over its do_bench median), the figure issue 27's bar is
 stated against.
 
+Rows of a paged cache in the same file (bench_gpu_decode --page-size) get a table of their own.
+
 usage: compare_decode.py --ours decode.jsonl [--json peers.json] [--max-seqlen 131072]
 """
 import torch
@@ -35,10 +37,28 @@ def copy_tbps():
     return moved / ms * 1e-9
 
 
+def print_paged(ours, ceiling, rows):
+    """Paged caches (bench_gpu_decode --page-size): SDPA takes no block table, so these rows stand
+    against the copy ceiling alone, beside the contiguous cache of the same shape."""
+    paged = sorted(k for k in ours if k[2] > 0)
+    if not paged:
+        return
+    print()
+    print("| Hkv | Sk | page size | splits | ioattn TB/s (kernels) | ioattn TB/s (API call) | of copy "
+          "| contiguous, same shape | check |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for hkv, sk, page in paged:
+        r, flat = ours[(hkv, sk, page)], ours.get((hkv, sk, 0))
+        print(f"| {hkv} | {sk} | {page} | {r['kv_splits']} | {fmt(r['tbps'])} | {fmt(r['api_tbps'])} | "
+              f"{ratio(r['tbps'], ceiling)} | {fmt(flat['tbps'] if flat else None)} | {r['check']} |")
+        rows.append({"heads_kv": hkv, "seqlen_k": sk, "page_size": page, "copy_tbps": ceiling,
+                     **{"ioattn_" + k: r[k] for k in ("tbps", "api_tbps", "kv_splits", "check")}})
+
+
 def main():
     args = parse_args(max_seqlen=131072)
     ceiling = copy_tbps()
-    ours = load_ours(args.ours, lambda r: (r["heads_kv"], r["seqlen_k"]))
+    ours = load_ours(args.ours, lambda r: (r["heads_kv"], r["seqlen_k"], r.get("page_size", 0)))
 
     torch.manual_seed(0)
     b, hq, d = 8, 32, 128
@@ -61,7 +81,7 @@ def main():
                     del ke, ve
                 row[name + "_tbps"] = kv_bytes / ms * 1e-9 if ms else None
                 row[name + "_expanded"] = expanded
-            mine = ours.get((hkv, sk))
+            mine = ours.get((hkv, sk, 0))
             for key in ("tbps", "api_tbps", "kv_splits", "check", "model_dram_bytes", "kv_bytes"):
                 row["ioattn_" + key] = mine[key] if mine else None
             rows.append(row)
@@ -83,6 +103,7 @@ def main():
               f"{fmt(r['ioattn_api_tbps'])} | {fl} | {cu} | {ratio(r['ioattn_tbps'], r['flash_tbps'])} | "
               f"{ratio(r['ioattn_tbps'], r['cudnn_tbps'])} | {ratio(r['ioattn_tbps'], ceiling)} | {model} | "
               f"{r['ioattn_check']} |")
+    print_paged(ours, ceiling, rows)
     save_rows(args.json, rows)
 
 
