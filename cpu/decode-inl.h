@@ -389,14 +389,31 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
       // Rows that see none of the block keep their state exactly (alpha 1, p 0).
       if (!ClampRowRanges(w0, rows, j0, nk)) continue;
       // Lanes past the block's last key score a copy of it, then the softmax masks them.
-      for (int64_t i = 0; i < kDecodeStride; ++i) kpos[i] = kbase + k_offset(p, b, seq, j0 + std::min(i, nk - 1), 0);
-      for (int64_t i = 0; i < nk; ++i) vpos[i] = vbase + v_offset(p, b, seq, j0 + i, 0);
       // The block prefetch_blocks ahead (none at 0), within this split's keys.
       const int64_t jn = j0 + g.prefetch_blocks * kDecodeKeys;
       const int64_t nn = g.prefetch_blocks > 0 ? std::clamp<int64_t>(ke - jn, 0, kDecodeKeys) : 0;
-      for (int64_t i = 0; i < nn; ++i) {
-        knext[i] = kbase + k_offset(p, b, seq, jn + i, 0);
-        vnext[i] = vbase + v_offset(p, b, seq, jn + i, 0);
+      if (p.block_table) {
+        for (int64_t i = 0; i < kDecodeStride; ++i) kpos[i] = kbase + k_offset(p, b, seq, j0 + std::min(i, nk - 1), 0);
+        for (int64_t i = 0; i < nk; ++i) vpos[i] = vbase + v_offset(p, b, seq, j0 + i, 0);
+        for (int64_t i = 0; i < nn; ++i) {
+          knext[i] = kbase + k_offset(p, b, seq, jn + i, 0);
+          vnext[i] = vbase + v_offset(p, b, seq, jn + i, 0);
+        }
+      } else {
+        // A dense or packed cache's rows lie one sequence stride apart: one row lookup per block
+        // and adds, which vectorize, where a lookup per key weighs on a decode with one query row.
+        const T* k0 = kbase + k_offset(p, b, seq, j0, 0);
+        const T* v0 = vbase + v_offset(p, b, seq, j0, 0);
+        for (int64_t i = 0; i < kDecodeStride; ++i) kpos[i] = k0 + std::min(i, nk - 1) * p.k_seq_stride;
+        for (int64_t i = 0; i < nk; ++i) vpos[i] = v0 + i * p.v_seq_stride;
+        if (nn > 0) {
+          const T* kn = kbase + k_offset(p, b, seq, jn, 0);
+          const T* vn = vbase + v_offset(p, b, seq, jn, 0);
+          for (int64_t i = 0; i < nn; ++i) {
+            knext[i] = kn + i * p.k_seq_stride;
+            vnext[i] = vn + i * p.v_seq_stride;
+          }
+        }
       }
       // When a position's heads lie side by side (head stride = row length, as in [S][Hkv][D]
       // caches and their pages), one queue walks the whole next block in address order, K then V
