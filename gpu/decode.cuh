@@ -277,8 +277,8 @@ struct DecodeWarp {
     softmax_update(row_max, row_sum, s, kmul, factor);
     if (__any_sync(0xffffffffu, factor[0] != 1.f || factor[1] != 1.f)) rescale_rows(o, factor);
 
-    const uint32_t pa[4] = {Ops::pack(s[0][0], s[0][1]), Ops::pack(s[0][2], s[0][3]), Ops::pack(s[1][0], s[1][1]),
-                            Ops::pack(s[1][2], s[1][3])};
+    const uint32_t pa[4] = {pack_pair<Elem>(s[0][0], s[0][1]), pack_pair<Elem>(s[0][2], s[0][3]),
+                            pack_pair<Elem>(s[1][0], s[1][1]), pack_pair<Elem>(s[1][2], s[1][3])};
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       uint32_t vb[4];

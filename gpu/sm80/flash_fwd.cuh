@@ -311,8 +311,8 @@ struct FwdWarp {
         for (int kn = 0; kn < BN / 16; ++kn) {
           float pe[2][2];
           row_sum[mt][hr] += exp_slice(s[mt], kn, hr, k_exp, m_ref[mt][hr], pe);
-          pa[kn][mt][hr] = Ops::pack(pe[0][0], pe[0][1]);
-          pa[kn][mt][2 + hr] = Ops::pack(pe[1][0], pe[1][1]);
+          pa[kn][mt][hr] = pack_pair<Elem>(pe[0][0], pe[0][1]);
+          pa[kn][mt][2 + hr] = pack_pair<Elem>(pe[1][0], pe[1][1]);
         }
       }
   }
@@ -440,7 +440,8 @@ struct FwdWarp {
         Elem* dst = out + o_offset(p, cta.b, cta.seq, row, cta.h) + 2 * t;
 #pragma unroll
         for (int d = 0; d < OT; ++d)
-          *reinterpret_cast<uint32_t*>(dst + d * 8) = Ops::pack(o[mt][d][2 * hr] * inv, o[mt][d][2 * hr + 1] * inv);
+          *reinterpret_cast<uint32_t*>(dst + d * 8) =
+              pack_pair<Elem>(o[mt][d][2 * hr] * inv, o[mt][d][2 * hr + 1] * inv);
         if (p.lse && t == 0) {
           p.lse[lse_offset(p, cta.b, cta.seq, row, cta.h)] =
               softmax::row_lse(softmax::max_for_exp(row_max[mt][hr]), l, softmax::Domain::log2);

@@ -60,12 +60,10 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])   \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
 
-// Storage element traits: the packed pair as one 32-bit register, and the matching
-// tensor-core instruction.
+// The tensor-core instruction of a storage element type (its packed pairs: gpu/primitives.cuh).
 template <class Elem>
 struct ElemOps {
   static_assert(std::is_same_v<Elem, __nv_bfloat16> || std::is_same_v<Elem, __half>, "bf16 or f16 storage");
-  __device__ __forceinline__ static uint32_t pack(float lo, float hi) { return pack_pair<Elem>(lo, hi); }
   __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     if constexpr (std::is_same_v<Elem, __nv_bfloat16>)
       IOATTN_SM80_MMA_M16N8K16("bf16");
