@@ -357,6 +357,20 @@ void DecodeHeadBlock(const AttnParams& p, const Geometry& g, int64_t rows, int64
   }
 }
 
+// rows[i] = head 0's row of position j + i for i < n: one row lookup per run of positions one
+// sequence stride apart (the whole span of a dense or packed cache, a page of a paged one) and
+// adds within it, where a lookup per key weighs on a decode with one query row.
+template <class T>
+void RowPointers(const T* base, const AttnParams& p, int64_t b, const SeqSpan& seq, int64_t j, int64_t n,
+                 int64_t batch_stride, int64_t seq_stride, const T** rows) {
+  for (int64_t i = 0; i < n;) {
+    const T* r = base + kv_row_offset(p, b, seq, j + i, batch_stride, seq_stride);
+    const int64_t run = p.block_table ? std::min(n - i, p.page_size - (j + i) % p.page_size) : n - i;
+    for (int64_t t = 0; t < run; ++t) rows[i + t] = r + t * seq_stride;
+    i += run;
+  }
+}
+
 // One decode task: keys [kb, ke) of sequence b (its split's whole key range) for ALL kv heads,
 // in softmax blocks of kDecodeKeys positions from kb, head by head within a block; or, where each
 // head's keys lie closer together than a position's heads (a head-major cache), head by head
@@ -370,8 +384,8 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
   const T* kbase = static_cast<const T*>(p.k);
   const T* vbase = static_cast<const T*>(p.v);
   const Scratch& w0 = ws[0];
-  // Head 0's rows at the block's positions and the next block's (the row lookup, paged or not,
-  // once per position); head hk's are hk head strides further.
+  // Head 0's rows at the block's positions and the next block's; head hk's are hk head strides
+  // further.
   const T *kpos[kDecodeStride], *vpos[kDecodeKeys], *knext[kDecodeKeys], *vnext[kDecodeKeys];
   const char* ahead[2 * kDecodeKeys];
   const int64_t row_bytes = std::max(g.D, g.Dv) * int64_t(sizeof(T));
@@ -392,29 +406,11 @@ void DecodeRange(const AttnParams& p, const Geometry& g, int64_t b, const SeqSpa
       // The block prefetch_blocks ahead (none at 0), within this split's keys.
       const int64_t jn = j0 + g.prefetch_blocks * kDecodeKeys;
       const int64_t nn = g.prefetch_blocks > 0 ? std::clamp<int64_t>(ke - jn, 0, kDecodeKeys) : 0;
-      if (p.block_table) {
-        for (int64_t i = 0; i < kDecodeStride; ++i) kpos[i] = kbase + k_offset(p, b, seq, j0 + std::min(i, nk - 1), 0);
-        for (int64_t i = 0; i < nk; ++i) vpos[i] = vbase + v_offset(p, b, seq, j0 + i, 0);
-        for (int64_t i = 0; i < nn; ++i) {
-          knext[i] = kbase + k_offset(p, b, seq, jn + i, 0);
-          vnext[i] = vbase + v_offset(p, b, seq, jn + i, 0);
-        }
-      } else {
-        // A dense or packed cache's rows lie one sequence stride apart: one row lookup per block
-        // and adds, which vectorize, where a lookup per key weighs on a decode with one query row.
-        const T* k0 = kbase + k_offset(p, b, seq, j0, 0);
-        const T* v0 = vbase + v_offset(p, b, seq, j0, 0);
-        for (int64_t i = 0; i < kDecodeStride; ++i) kpos[i] = k0 + std::min(i, nk - 1) * p.k_seq_stride;
-        for (int64_t i = 0; i < nk; ++i) vpos[i] = v0 + i * p.v_seq_stride;
-        if (nn > 0) {
-          const T* kn = kbase + k_offset(p, b, seq, jn, 0);
-          const T* vn = vbase + v_offset(p, b, seq, jn, 0);
-          for (int64_t i = 0; i < nn; ++i) {
-            knext[i] = kn + i * p.k_seq_stride;
-            vnext[i] = vn + i * p.v_seq_stride;
-          }
-        }
-      }
+      RowPointers(kbase, p, b, seq, j0, nk, p.k_batch_stride, p.k_seq_stride, kpos);
+      for (int64_t i = nk; i < kDecodeStride; ++i) kpos[i] = kpos[nk - 1];
+      RowPointers(vbase, p, b, seq, j0, nk, p.v_batch_stride, p.v_seq_stride, vpos);
+      RowPointers(kbase, p, b, seq, jn, nn, p.k_batch_stride, p.k_seq_stride, knext);
+      RowPointers(vbase, p, b, seq, jn, nn, p.v_batch_stride, p.v_seq_stride, vnext);
       // When a position's heads lie side by side (head stride = row length, as in [S][Hkv][D]
       // caches and their pages), one queue walks the whole next block in address order, K then V
       // of each position (Hkv x D elements each), paced over all heads' inner steps of this block:
