@@ -362,6 +362,7 @@ struct GpuPoint {
   std::string file, name, impl;  // impl: "ioattn", "fa2" (PyTorch's FlashAttention-2), "math"
   Problem problem;
   GpuTile tile{0, 0, 0, 0, false};                      // the measured kernel's tile, when the sample names it
+  bool sm90 = false;  // the sm_90a kernel's name (FwdTraits): tile = its block_q x block_kv, warps, stages
   double dram_read = 0, dram_write = 0, l2_bytes = -1;  // l2_bytes < 0: not measured
   // MATH: the output tiles cuBLAS ran for Q K^T and P V ("tilesize{M}x{N}x" in the kernel names;
   // 0 when the sample has no kernel list), M along the queries.
@@ -479,15 +480,22 @@ inline bool parse_gpu_sample(const std::string& file, const std::string& text, G
   g->name = g->impl + " b" + std::to_string(b) + "_h" + std::to_string(h) + "_s" + std::to_string(s) + "_d" +
             std::to_string(d) + (c ? " causal" : "");
   // The tile the measured kernel ran: "tile=BQxBKVxWARPSxSTAGES" on the tagged line, or ioattn's
-  // kernel name in the CSV, "FwdShape<D, BQ, BKV, WARPS, STAGES>", so the comparison does not
-  // follow later edits of the tile table.
+  // kernel name in the CSV, "FwdShape<D, BQ, BKV, WARPS, STAGES>" (sm_80) or "FwdTraits<Elem, D,
+  // BQ, BKV, CONSUMER_WGS, STAGES>" (sm_90a, one producer warpgroup more), so the comparison does
+  // not follow later edits of the tile tables.
   int bq = 0, bkv = 0, warps = 0, stages = 0, dd = 0;
   const size_t shape = text.find("FwdShape<");
+  const size_t traits = text.find("FwdTraits<");
+  const size_t traits_args = traits == std::string::npos ? traits : text.find(", ", traits);
   if (f.count("tile") && std::sscanf(f.at("tile").c_str(), "%dx%dx%dx%d", &bq, &bkv, &warps, &stages) == 4) {
     g->tile = GpuTile{bq, bkv, warps, stages, true};
   } else if (shape != std::string::npos &&
              std::sscanf(text.c_str() + shape, "FwdShape<%d, %d, %d, %d, %d>", &dd, &bq, &bkv, &warps, &stages) == 5) {
     g->tile = GpuTile{bq, bkv, warps, stages, true};
+  } else if (traits_args != std::string::npos &&
+             std::sscanf(text.c_str() + traits_args, ", %d, %d, %d, %d, %d", &dd, &bq, &bkv, &warps, &stages) == 5) {
+    g->tile = GpuTile{bq, bkv, 4 * (warps + 1), stages, true};
+    g->sm90 = true;
   }
   // cuBLAS's GEMMs: the "tn" kernel computes S = Q K^T (both operands row-major over the head
   // dim), the "nn" one O = P V; their grids put M along the queries (P V at S = 1024, D = 128:
@@ -518,9 +526,11 @@ inline bool parse_gpu_sample(const std::string& file, const std::string& text, G
 // plan_gpu with the measured kernel's tile in place of the table's, resident CTAs by the planner's
 // arithmetic (common/planner.cc: shared memory with the runtime's 1 KiB per CTA, 2048 threads and
 // 255 registers per thread per SM).
+// An sm_90a sample keeps the planner's sm_90a plan (the caller checks that its tile is the one
+// measured).
 inline Plan plan_for_point(const GpuPoint& g, const HardwareProfile& hw) {
   Plan plan = plan_gpu(g.problem, hw);
-  if (!g.tile.supported) return plan;
+  if (!g.tile.supported || g.sm90) return plan;
   plan.block_q = g.tile.block_q;
   plan.block_kv = g.tile.block_kv;
   plan.warps = g.tile.warps;
