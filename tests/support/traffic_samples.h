@@ -361,7 +361,7 @@ inline bool load_cpu_points(const std::string& dir, std::vector<CpuPoint>* out, 
 struct GpuPoint {
   std::string file, name, impl;  // impl: "ioattn", "fa2" (PyTorch's FlashAttention-2), "math"
   Problem problem;
-  GpuTile tile{0, 0, 0, 0, false};                      // the measured kernel's tile, when the sample names it
+  GpuTile tile{0, 0, 0, 0, false};  // the measured kernel's tile, when the sample names it
   bool sm90 = false;  // the sm_90a kernel's name (FwdTraits): tile = its block_q x block_kv, warps, stages
   double dram_read = 0, dram_write = 0, l2_bytes = -1;  // l2_bytes < 0: not measured
   // MATH: the output tiles cuBLAS ran for Q K^T and P V ("tilesize{M}x{N}x" in the kernel names;
