@@ -336,7 +336,9 @@ void DecodeHeadBlock(const AttnParams& p, const Geometry& g, int64_t rows, int64
                      LineQueue& pq) {
   const T* krows[kDecodeStride];
   for (int64_t i = 0; i < kDecodeStride; ++i) krows[i] = kpos[i] + koff;
-  for (int64_t i = 0; i < nk; ++i) w.vrows[i] = vpos[i] + voff;
+  // Through w.vrows itself each store may alias the Scratch and the pointer is reloaded per key.
+  const void** vrows = w.vrows;
+  for (int64_t i = 0; i < nk; ++i) vrows[i] = vpos[i] + voff;
   for (int64_t i = 0; i < nk; i += kGroupKeys)
     for (int64_t r0 = 0; r0 < rows; r0 += kDecodeRowChunk) {
       const int R = static_cast<int>(std::min<int64_t>(kDecodeRowChunk, rows - r0));
@@ -366,8 +368,8 @@ void RowPointers(const T* base, const AttnParams& p, int64_t b, const SeqSpan& s
   for (int64_t i = 0; i < n;) {
     const T* r = base + kv_row_offset(p, b, seq, j + i, batch_stride, seq_stride);
     const int64_t run = p.block_table ? std::min(n - i, p.page_size - (j + i) % p.page_size) : n - i;
-    for (int64_t t = 0; t < run; ++t) rows[i + t] = r + t * seq_stride;
-    i += run;
+    // A running pointer: r + t * seq_stride vectorizes into emulated 64-bit multiplies on AVX2.
+    for (const int64_t end = i + run; i < end; ++i, r += seq_stride) rows[i] = r;
   }
 }
 
