@@ -5,7 +5,8 @@
 # that host's AVX-512 cores, and the benchmark beside PyTorch's SDPA backends. Everything printed
 # also lands in $OUT (default ./out): build.txt, device.txt, ctest.txt, gpu_test.txt, sanitize.txt,
 # cpu_test.txt, python_test.txt, python_wheel.txt, bench_ioattn.jsonl, bench_table.md, bench_peers.json,
-# bench_decode.jsonl, bench_decode_table.md, bench_decode_peers.json.
+# bench_decode.jsonl, bench_decode_table.md, bench_decode_peers.json, and with the traffic step
+# ncu.tgz.
 #
 # The build uses the Debian packages carried in .deps/debs, unpacked into a prefix (Highway,
 # nlohmann_json, OpenBLAS: that machine's Ubuntu lacks Highway), and the machine's own Catch2 3
@@ -16,7 +17,10 @@
 #   IOATTN_STEPS="ctest test sanitize cpu python bench decode"
 #                                       which steps to run after the build (default: all seven;
 #                                       decode is the split-KV decode beside SDPA, B = 8, D = 128,
-#                                       contiguous and in pages of 16 keys)
+#                                       contiguous and in pages of 16 keys); add "traffic" for
+#                                       bench/traffic/gpu_ncu.sh's ioattn grid with SPLIT=1 (about a
+#                                       minute), packed into ncu.tgz: the run tool returns only a
+#                                       few files, and the grid is 20 samples
 #   IOATTN_GPU_TESTS="test_gpu_forward test_gpu_sm90 test_gpu_inference test_gpu_faults"
 #                                       GPU test binaries for the test and sanitize steps
 #   IOATTN_SANITIZE_TOOLS="memcheck racecheck synccheck"
@@ -237,6 +241,17 @@ if [[ " $steps " == *" bench "* ]]; then
   "$bench_bin" --max-seqlen "$max_seqlen" | tee "$OUT/bench_ioattn.jsonl" || status=1
   PYTHONUNBUFFERED=1 python3 "$root/bench/gpu/compare.py" --ours "$OUT/bench_ioattn.jsonl" \
     --json "$OUT/bench_peers.json" --max-seqlen "$max_seqlen" | tee "$OUT/bench_table.md" || status=1
+fi
+
+if [[ " $steps " == *" traffic "* ]]; then
+  echo "== traffic (Nsight Compute)"
+  ncu_dir=/tmp/ioattn-ncu
+  rm -rf "$ncu_dir" && mkdir -p "$ncu_dir"
+  IMPLS=ioattn SPLIT=1 OUT="$ncu_dir/ncu" "$root/bench/traffic/gpu_ncu.sh" "$build/bench/gpu" >"$ncu_dir.log" 2>&1 ||
+    status=1
+  tail -2 "$ncu_dir.log"
+  mv "$ncu_dir.log" "$ncu_dir/ncu.log"
+  tar czf "$OUT/ncu.tgz" -C "$ncu_dir" . || status=1
 fi
 
 if [[ " $steps " == *" decode "* ]]; then
