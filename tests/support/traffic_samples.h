@@ -492,9 +492,10 @@ inline bool parse_gpu_sample(const std::string& file, const std::string& text, G
   } else if (shape != std::string::npos &&
              std::sscanf(text.c_str() + shape, "FwdShape<%d, %d, %d, %d, %d>", &dd, &bq, &bkv, &warps, &stages) == 5) {
     g->tile = GpuTile{bq, bkv, warps, stages, true};
-  } else if (traits_args != std::string::npos &&
-             std::sscanf(text.c_str() + traits_args, ", %d, %d, %d, %d, %d", &dd, &bq, &bkv, &warps, &stages) == 5) {
-    g->tile = GpuTile{bq, bkv, 4 * (warps + 1), stages, true};
+  } else if (int wgs = 0;
+             traits_args != std::string::npos &&
+             std::sscanf(text.c_str() + traits_args, ", %d, %d, %d, %d, %d", &dd, &bq, &bkv, &wgs, &stages) == 5) {
+    g->tile = GpuTile{bq, bkv, 4 * (wgs + 1), stages, true};
     g->sm90 = true;
   }
   // cuBLAS's GEMMs: the "tn" kernel computes S = Q K^T (both operands row-major over the head
