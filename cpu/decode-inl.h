@@ -369,7 +369,12 @@ void RowPointers(const T* base, const AttnParams& p, int64_t b, const SeqSpan& s
     const T* r = base + kv_row_offset(p, b, seq, j + i, batch_stride, seq_stride);
     const int64_t run = p.block_table ? std::min(n - i, p.page_size - (j + i) % p.page_size) : n - i;
     // A running pointer: r + t * seq_stride vectorizes into emulated 64-bit multiplies on AVX2.
-    for (const int64_t end = i + run; i < end; ++i, r += seq_stride) rows[i] = r;
+    // It stops on the run's last row: one stride further may lie outside the address space.
+    for (const int64_t end = i + run;;) {
+      rows[i] = r;
+      if (++i == end) break;
+      r += seq_stride;
+    }
   }
 }
 

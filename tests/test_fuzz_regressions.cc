@@ -115,3 +115,22 @@ TEST_CASE("a KV-cache append into aliased K and V rows is refused; interleaved K
     CHECK(out[size_t(d)] == 0.25f);
   }
 }
+
+TEST_CASE("a one-key cache with a huge sequence stride decodes without pointer overflow", "[fuzz]") {
+  // Found by fuzz_api (clang's UBSan): the decode's row walk stepped one sequence stride past a
+  // run's last row, which a stride no span had bounded (one key) carried past the end of the
+  // address space. GCC drops that dead step, so the replay of the input through clang's fuzz_api
+  // (scripts/ci_hardening.sh) is what guards the fix; this case keeps the shape's answer exact.
+  const int64_t D = 8;
+  std::vector<uint16_t> q(size_t(D), 0x3c00), k(size_t(D), 0x3c00), v(static_cast<size_t>(D));  // f16 1.0
+  for (int64_t d = 0; d < D; ++d) v[size_t(d)] = uint16_t(0x3c00 + d * 0x100);
+  std::vector<uint16_t> out(size_t(D), 0);
+  ioattn_tensor tq = tensor(q.data(), IOATTN_F16, 1, 1, 1, D), tk = tensor(k.data(), IOATTN_F16, 1, 1, 1, D);
+  ioattn_tensor tv = tensor(v.data(), IOATTN_F16, 1, 1, 1, D), to = tensor(out.data(), IOATTN_F16, 1, 1, 1, D);
+  tk.stride_seq = tv.stride_seq = std::numeric_limits<int64_t>::max();
+  ioattn_options opt;
+  ioattn_options_default(&opt);
+  opt.num_threads = 1;
+  REQUIRE(ioattn_forward(&tq, &tk, &tv, &to, nullptr, &opt) == IOATTN_OK);
+  CHECK(out == v);  // one key: its V row, exactly
+}
