@@ -50,6 +50,12 @@ constexpr double kCudaCopyReadSectors = 1.5;
 // samples' l1tex__t_sectors_pipe_lsu_mem_global_op_st is 2.00 x O's sectors at every point.
 constexpr double kCudaOutStoreBytes = 16;
 
+// The sm_90a prefill (plan.kernel "sm90") moves its tiles by TMA, whole boxes with no per-thread
+// requests: the crossbar's reads equal its tiles' sectors and its O store writes each sector once
+// (l1tex__m_xbar2l1tex_read_sectors and l1tex2xbar_write_sectors on an H100 at all 20 points of
+// bench/traffic/samples/gpu/sm90-half-l2-2026-12-07), so it is counted at one lookup per sector.
+bool moves_by_tma(const Plan& plan) { return plan.kernel == "sm90"; }
+
 // The flash kernel's K/V streams and compulsory bytes.
 struct GpuFlash {
   Sizes sz;
@@ -128,25 +134,24 @@ BoundaryTraffic gpu_inner(const HardwareProfile& hw, const StandardPasses& sp, c
   return inner;
 }
 
-// L2 lookups: the SMs' requests in sectors plus the fabric's. Flash: the prefill kernel's copies
-// at kCudaCopyReadSectors, O's sectors stored in halves (the decode kernel's epilogue and the
-// split-KV merge have no samples), and the fabric for each partition's first read of Q and of a
-// head's K/V (read by `readers` CTAs on average) and for every store. The zero-byte copies that
-// the unmasked loop issues past the last tile (src-size 0) add nothing: the SM-side excess is
-// the same 1.5 x per tile at causal and non-causal points, whose tiles per CTA differ (129 and
-// 256 at S = 16384) while each CTA issues one zero-byte tile.
-void gpu_lookups(const Problem& pr, const MemoryLevel& l2, const GpuFlash& c, const GpuOperands& op,
+// L2 lookups: the SMs' requests in sectors plus the fabric's. Flash: the sm_80 prefill kernel's
+// copies at kCudaCopyReadSectors, O's sectors stored in halves (the sm_90a kernel's TMA, the
+// decode kernel's epilogue and the split-KV merge at one per sector), and the fabric for each partition's first read of
+// Q and of a head's K/V (read by `readers` CTAs on average) and for every store. The zero-byte copies that the unmasked
+// loop issues past the last tile (src-size 0) add nothing: the SM-side excess is the same 1.5 x per tile at causal and
+// non-causal points, whose tiles per CTA differ (129 and 256 at S = 16384) while each CTA issues one zero-byte tile.
+void gpu_lookups(const Problem& pr, const Plan& plan, const MemoryLevel& l2, const GpuFlash& c, const GpuOperands& op,
                  const BoundaryTraffic& inner, TrafficReport* rep) {
   const Sizes& sz = c.sz;
   const int64_t group = pr.heads_kv > 0 ? std::max<int64_t>(1, pr.heads_q / pr.heads_kv) : 1;
-  const bool prefill = c.splits == 1 && !gpu_decode_rows(group, pr.seqlen_q);
-  const double out_requests = prefill ? sz.o * 32 / kCudaOutStoreBytes : sz.o;
+  const bool copies = c.splits == 1 && !gpu_decode_rows(group, pr.seqlen_q) && !moves_by_tma(plan);
+  const double out_requests = copies ? sz.o * 32 / kCudaOutStoreBytes : sz.o;
   const double write_requests = out_requests + sz.lse + c.partials / 2;
   const double readers = c.kv_once > 0 ? c.kv_per_cta_sum / c.kv_once : 0.0;
   rep->flash_l2_fabric_bytes = first_touch_fabric(sz.q, c.splits, l2) + first_touch_fabric(c.kv_once, readers, l2) +
                                first_touch_fabric(c.partials / 2, 1, l2) + far_share(l2) * write_requests;
   rep->flash_l2_lookup_bytes =
-      (prefill ? kCudaCopyReadSectors : 1.0) * inner.flash_read_bytes + write_requests + rep->flash_l2_fabric_bytes;
+      (copies ? kCudaCopyReadSectors : 1.0) * inner.flash_read_bytes + write_requests + rep->flash_l2_fabric_bytes;
   // Standard: the GEMM operands, P in P V and the broadcast mask are re-read through
   // L1-cacheable loads; every other pass touches each byte once, its first touch crossing the
   // fabric for far lines. The SMs' side is the smem-L2 boundary itself.
@@ -243,7 +248,7 @@ TrafficReport gpu_traffic(const Problem& pr, const Plan& plan, const HardwarePro
   const GpuOperands op = gpu_operands(pr, sp);
   const BoundaryTraffic inner = gpu_inner(hw, sp, c, op);
   rep.levels.push_back(inner);
-  gpu_lookups(pr, hw.levels[1], c, op, inner, &rep);
+  gpu_lookups(pr, plan, hw.levels[1], c, op, inner, &rep);
   rep.levels.push_back(gpu_outer(pr, plan, hw, sp, c, op));
   return rep;
 }

@@ -532,6 +532,8 @@ inline bool parse_gpu_sample(const std::string& file, const std::string& text, G
 inline Plan plan_for_point(const GpuPoint& g, const HardwareProfile& hw) {
   Plan plan = plan_gpu(g.problem, hw);
   if (!g.tile.supported || g.sm90) return plan;
+  // An sm_80 kernel's sample (the H200 grid predates the sm_90a kernel the planner now picks there).
+  plan.kernel = "sm80";
   plan.block_q = g.tile.block_q;
   plan.block_kv = g.tile.block_kv;
   plan.warps = g.tile.warps;
