@@ -337,6 +337,7 @@ TEST_CASE("GPU L2 lookups: the SMs' requests in sectors, and the fabric's first 
   REQUIRE(plan.block_q == 128);
   REQUIRE(plan.block_kv == 128);
   plan.kv_splits = 1;
+  plan.kernel = "sm80";  // the H200 plans the sm_90a kernel, whose TMA rule is checked below
   const double kib = 1024;
   const double reads = 32 * kib + 128 * kib, stores = 2 * 32 * kib;
   const double fabric = 0.5 * 32 * kib + 0.5 * 64 * kib * 2 + 0.5 * stores;
@@ -356,6 +357,13 @@ TEST_CASE("GPU L2 lookups: the SMs' requests in sectors, and the fabric's first 
   one.levels[1].partitions = 1;
   CHECK(predict_traffic(pr, plan, one).flash_l2_fabric_bytes == 0);
   CHECK(predict_traffic(pr, plan, one).flash_l2_lookup_bytes == Approx(1.5 * reads + stores));
+  // The sm_90a kernel's TMA: one lookup per sector read, O stored once per sector.
+  Plan tma = plan;
+  tma.kernel = "sm90";
+  const double tma_fabric = 0.5 * 32 * kib + 0.5 * 64 * kib * 2 + 0.5 * 32 * kib;
+  const TrafficReport trep = predict_traffic(pr, tma, h200);
+  CHECK(trep.flash_l2_fabric_bytes == Approx(tma_fabric));
+  CHECK(trep.flash_l2_lookup_bytes == Approx(reads + 32 * kib + tma_fabric));
 
   // Standard: a pass that touches each byte once costs 1.5 lookups per byte (the SMs' one and,
   // for the far half of the lines, the fabric's); a GEMM operand re-read through L1-cacheable
