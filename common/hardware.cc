@@ -14,6 +14,7 @@
 
 #include "common/backend.h"
 #include "common/calibration.h"
+#include "common/cpu_cores.h"
 
 namespace ioattn {
 
@@ -264,13 +265,16 @@ HardwareProfile detect_host_uncached() {
 
   cpu_backend().query_device(&hw);
 
-  // sysfs reports no frequency inside many VMs; 3 GHz is a nominal server clock. 2 FMA pipes x
-  // lanes x 2 FLOP per FMA is every target's peak on the cores we profile.
+  // sysfs reports no frequency inside many VMs; 3 GHz is a nominal server clock. FMAs per cycle
+  // at the dispatched width come from the core table (common/cpu_cores.h): a Zen 4 issues one
+  // 512-bit FMA a cycle, not two; a core off the table is assumed to have 2 FMA pipes.
   hw.clock_ghz = 3.0;
   const std::string khz = trim(read_text_file("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"));
   const int64_t max_khz = parse_size(khz);
   if (max_khz > 0) hw.clock_ghz = std::max(0.5, double(max_khz) * 1e-6);
-  hw.fma_gflops_per_core = (hw.simd_bits / 32) * 2 * 2 * hw.clock_ghz;
+  const CoreFma core = core_fma(host_cpu_identity(), hw.simd_bits);
+  const int fma_per_cycle = core.fma_per_cycle > 0 ? core.fma_per_cycle : 2;
+  hw.fma_gflops_per_core = (hw.simd_bits / 32) * fma_per_cycle * 2 * hw.clock_ghz;
 
   const std::string base = "/sys/devices/system/cpu/cpu0/cache/index";
   for (int i = 0; i < 8; ++i) {
@@ -310,7 +314,9 @@ HardwareProfile detect_host_uncached() {
   dram.bandwidth_gbs = 12.0 * hw.cores;
   dram.source = "nominal: 12 GB/s per core";
   hw.levels.push_back(dram);
-  hw.description = "detected host: " + std::to_string(hw.cores) + " cores, Highway target " + hw.simd_target;
+  hw.description = "detected host: " + std::to_string(hw.cores) + " cores (" + core.core + ", " +
+                   std::to_string(fma_per_cycle) + " FMA/cycle at " + std::to_string(hw.simd_bits) +
+                   " bits), Highway target " + hw.simd_target;
   hw.source = "sysfs /sys/devices/system/cpu/cpu0/cache, sysconf, hwy::SupportedTargets(); FMA rate nominal: " +
               std::to_string(hw.simd_bits / 32) + " lanes x 2 pipes x 2 FLOP x " + std::to_string(hw.clock_ghz) +
               " GHz";

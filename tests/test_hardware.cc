@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "common/backend.h"
+#include "common/cpu_cores.h"
 #include "common/hardware.h"
 #include "tests/catch.h"
 
@@ -106,7 +107,11 @@ TEST_CASE("the host profile comes from sysfs and Highway") {
   CHECK(host.cores >= 1);
   CHECK_FALSE(host.simd_target.empty());
   CHECK((host.simd_bits == 128 || host.simd_bits == 256 || host.simd_bits == 512));
-  CHECK(host.fma_gflops_per_core == Approx(host.simd_bits / 32 * 4 * host.clock_ghz));
+  // FMAs per cycle at the dispatched width from the core table, 2 off it.
+  const CoreFma core = core_fma(host_cpu_identity(), host.simd_bits);
+  const int per_cycle = core.fma_per_cycle > 0 ? core.fma_per_cycle : 2;
+  CHECK(host.fma_gflops_per_core == Approx(host.simd_bits / 32 * per_cycle * 2 * host.clock_ghz));
+  CHECK(host.description.find(core.core) != std::string::npos);
   REQUIRE(host.levels.size() >= 2);
   CHECK(host.dram().size_bytes == 0);
   for (size_t i = 1; i + 1 < host.levels.size(); ++i) CHECK(host.levels[i].size_bytes >= host.levels[i - 1].size_bytes);
@@ -242,4 +247,47 @@ TEST_CASE("a malformed profile file is an error naming the file and the field") 
   }
   CHECK_FALSE(load_profile_file("/nonexistent/ioattn.json", &hw, &error));
   CHECK(error.find("/nonexistent/ioattn.json") != std::string::npos);
+}
+
+TEST_CASE("the core table reads /proc/cpuinfo's first processor and its FMA rate per width") {
+  // A Zen 4 issues a 512-bit FMA as two 256-bit halves: one a cycle, where AVX2 issues two.
+  const std::string zen4 =
+      "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+      "model name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f\n\n"
+      "processor\t: 1\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n";
+  const CpuIdentity id = parse_cpuinfo(zen4);
+  CHECK(id.vendor == "AuthenticAMD");
+  CHECK(id.family == 25);
+  CHECK(id.model == 17);
+  CHECK(id.model_name == "AMD EPYC");
+  CHECK(core_fma(id, 512).core == "AMD Zen 4");
+  CHECK(core_fma(id, 512).fma_per_cycle == 1);
+  CHECK(core_fma(id, 256).fma_per_cycle == 2);
+
+  // Skylake-SP: two 512-bit units on Gold 6xxx, one on Silver; a hypervisor's client model
+  // number with AMX is a Sapphire Rapids class server core (two).
+  CpuIdentity skx = parse_cpuinfo(
+      "vendor_id : GenuineIntel\ncpu family : 6\nmodel : 85\n"
+      "model name : Intel(R) Xeon(R) Gold 6248 CPU\n");
+  CHECK(core_fma(skx, 512).fma_per_cycle == 2);
+  skx.model_name = "Intel(R) Xeon(R) Silver 4214 CPU";
+  CHECK(core_fma(skx, 512).fma_per_cycle == 1);
+  CpuIdentity rkl = parse_cpuinfo("vendor_id : GenuineIntel\ncpu family : 6\nmodel : 167\nflags : avx512f\n");
+  CHECK(core_fma(rkl, 512).fma_per_cycle == 1);
+  rkl.flags = "avx512f amx_tile amx_bf16";
+  CHECK(core_fma(rkl, 512).fma_per_cycle == 2);
+
+  // Arm's cores by CPU part; an AVX2-only core has no 512-bit FMA; an unknown core says so.
+  const CpuIdentity v1 = parse_cpuinfo("processor : 0\nCPU implementer : 0x41\nCPU part : 0xd40\n");
+  CHECK(v1.vendor == "ARM");
+  CHECK(core_fma(v1, 128).core == "Arm Neoverse V1");
+  CHECK(core_fma(v1, 128).fma_per_cycle == 4);
+  const CpuIdentity zen3 = parse_cpuinfo("vendor_id : AuthenticAMD\ncpu family : 25\nmodel : 1\n");
+  CHECK(core_fma(zen3, 256).fma_per_cycle == 2);
+  CHECK(core_fma(zen3, 512).fma_per_cycle == 0);
+  CHECK(core_fma(zen3, 512).core.find("no FMA at this width") != std::string::npos);
+  const CoreFma unknown = core_fma(parse_cpuinfo("vendor_id : HygonGenuine\ncpu family : 24\nmodel : 0\n"), 256);
+  CHECK(unknown.fma_per_cycle == 0);
+  CHECK(unknown.core == "unknown core (HygonGenuine family 0x18 model 0x0)");
+  CHECK(core_fma(parse_cpuinfo(""), 256).fma_per_cycle == 0);
 }

@@ -8,18 +8,11 @@
 #include <utility>
 #include <vector>
 
+#include "common/cpu_cores.h"
 #include "common/params.h"
 #include "common/status.h"
 
 namespace ioattn::peers {
-
-// A core's fp32 FMA issue rate at one vector width, from a table of documented cores
-// (ceilings.cc) keyed by /proc/cpuinfo's vendor, family and model (Arm: CPU part).
-struct CoreFma {
-  std::string core;       // the table's row, or "unknown core (<vendor> family F model M)"
-  int fma_per_cycle = 0;  // vector FMA instructions per cycle per core; 0 = not known
-};
-CoreFma core_fma(int vector_bits);
 
 // Physical cores `threads` threads occupy at one thread per core: at most the distinct cores of
 // the affinity mask (SMT siblings count once).
