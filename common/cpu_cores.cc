@@ -17,7 +17,7 @@ namespace {
 // and Zen+ run a 256-bit FMA as two 128-bit ops on their two 128-bit FMA pipes (1 a cycle), Zen 4
 // a 512-bit one as two 256-bit ops on its two 256-bit pipes (1 a cycle, the lanes of 2 x 256 a
 // cycle), client Ice Lake / Tiger Lake / Rocket Lake fuse ports 0 and 1 into their one 512-bit
-// FMA.
+// FMA. Neoverse V1's four 128-bit pipes pair up for its 256-bit SVE vectors (the SVE_256 target).
 struct CoreRow {
   const char* vendor;      // vendor_id on x86; "ARM" for Arm's own cores (CPU implementer 0x41)
   int family;              // x86 cpu family; 0 on Arm
@@ -62,7 +62,7 @@ constexpr CoreRow kCores[] = {
     {"AuthenticAMD", 0x19, 0xA0, 0xAF, "AMD Zen 4", 2, 2, 1},
     {"ARM", 0, 0xD0C, 0xD0C, "Arm Neoverse N1", 2, 0, 0},
     {"ARM", 0, 0xD49, 0xD49, "Arm Neoverse N2", 2, 0, 0},
-    {"ARM", 0, 0xD40, 0xD40, "Arm Neoverse V1", 4, 0, 0},
+    {"ARM", 0, 0xD40, 0xD40, "Arm Neoverse V1", 4, 2, 0},
     {"ARM", 0, 0xD4F, 0xD4F, "Arm Neoverse V2", 4, 0, 0},
 };
 

@@ -282,6 +282,7 @@ TEST_CASE("the core table reads /proc/cpuinfo's first processor and its FMA rate
   CHECK(v1.vendor == "ARM");
   CHECK(core_fma(v1, 128).core == "Arm Neoverse V1");
   CHECK(core_fma(v1, 128).fma_per_cycle == 4);
+  CHECK(core_fma(v1, 256).fma_per_cycle == 2);
   const CpuIdentity zen3 = parse_cpuinfo("vendor_id : AuthenticAMD\ncpu family : 25\nmodel : 1\n");
   CHECK(core_fma(zen3, 256).fma_per_cycle == 2);
   CHECK(core_fma(zen3, 512).fma_per_cycle == 0);
