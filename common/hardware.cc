@@ -317,9 +317,9 @@ HardwareProfile detect_host_uncached() {
   hw.description = "detected host: " + std::to_string(hw.cores) + " cores (" + core.core + ", " +
                    std::to_string(fma_per_cycle) + " FMA/cycle at " + std::to_string(hw.simd_bits) +
                    " bits), Highway target " + hw.simd_target;
-  hw.source = "sysfs /sys/devices/system/cpu/cpu0/cache, sysconf, hwy::SupportedTargets(); FMA rate nominal: " +
-              std::to_string(hw.simd_bits / 32) + " lanes x 2 pipes x 2 FLOP x " + std::to_string(hw.clock_ghz) +
-              " GHz";
+  hw.source = "sysfs /sys/devices/system/cpu/cpu0/cache, sysconf, hwy::SupportedTargets(); FMA rate: " +
+              std::to_string(hw.simd_bits / 32) + " lanes x " + std::to_string(fma_per_cycle) +
+              " FMA/cycle (common/cpu_cores.h) x 2 FLOP x " + std::to_string(hw.clock_ghz) + " GHz";
   return hw;
 }
 

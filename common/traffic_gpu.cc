@@ -136,10 +136,11 @@ BoundaryTraffic gpu_inner(const HardwareProfile& hw, const StandardPasses& sp, c
 
 // L2 lookups: the SMs' requests in sectors plus the fabric's. Flash: the sm_80 prefill kernel's
 // copies at kCudaCopyReadSectors, O's sectors stored in halves (the sm_90a kernel's TMA, the
-// decode kernel's epilogue and the split-KV merge at one per sector), and the fabric for each partition's first read of
-// Q and of a head's K/V (read by `readers` CTAs on average) and for every store. The zero-byte copies that the unmasked
-// loop issues past the last tile (src-size 0) add nothing: the SM-side excess is the same 1.5 x per tile at causal and
-// non-causal points, whose tiles per CTA differ (129 and 256 at S = 16384) while each CTA issues one zero-byte tile.
+// decode kernel's epilogue and the split-KV merge at one per sector), and the fabric for each
+// partition's first read of Q and of a head's K/V (read by `readers` CTAs on average) and for
+// every store. The zero-byte copies that the unmasked loop issues past the last tile (src-size 0)
+// add nothing: the SM-side excess is the same 1.5 x per tile at causal and non-causal points,
+// whose tiles per CTA differ (129 and 256 at S = 16384) while each CTA issues one zero-byte tile.
 void gpu_lookups(const Problem& pr, const Plan& plan, const MemoryLevel& l2, const GpuFlash& c, const GpuOperands& op,
                  const BoundaryTraffic& inner, TrafficReport* rep) {
   const Sizes& sz = c.sz;
