@@ -116,59 +116,65 @@ TEST_CASE("sm_90a schedule: every work tile once, heaviest first per CTA, a sect
   struct Shape {
     int64_t batch, heads_q, heads_kv, sq, sk, l2;
   };
-  // One section; several, the last one short; one pair per section (K/V past half the L2); a
+  // One section; several, the last one short; one pair per section (K/V past its share of the L2); a
   // pair with more work tiles than two rounds; fewer work tiles than SMs.
   const Shape shapes[] = {{3, 8, 2, 300, 300, 1 << 20},     {5, 6, 3, 129, 1000, 1 << 20},   {2, 4, 4, 1, 7, 1 << 20},
                           {7, 2, 1, 640, 4096, 1 << 20},    {4, 16, 16, 257, 50, 0},         {1, 1, 1, 128, 1, 1 << 30},
                           {2, 16, 2, 6000, 6000, 50 << 20}, {32, 32, 32, 512, 512, 50 << 20}};
   for (const Shape& sh : shapes)
-    for (const int sms : {1, 7, 132, 100000}) {
-      AttnParams p;
-      p.batch = sh.batch;
-      p.heads_q = sh.heads_q;
-      p.heads_kv = sh.heads_kv;
-      p.seqlen_q = sh.sq;
-      p.seqlen_k = sh.sk;
-      const ioattn::gpu::sm90::TileSchedule sched = ioattn::gpu::sm90::make_schedule(p, 128, 64, sms, sh.l2);
-      INFO("B=" << sh.batch << " Hq=" << sh.heads_q << " Hkv=" << sh.heads_kv << " Sq=" << sh.sq << " Sk=" << sh.sk
-                << " SMs=" << sms << " section_pairs=" << sched.section_pairs);
-      const int64_t m_blocks = (sh.sq + 127) / 128, group = sh.heads_q / sh.heads_kv;
-      REQUIRE(sched.tiles == m_blocks * sh.heads_q * sh.batch);
-      REQUIRE(sched.ctas == std::min<int64_t>(sms, sched.tiles));
-      const int64_t section_tiles = sched.section_pairs * m_blocks * group;
-      std::vector<int> seen(size_t(sched.tiles), 0);
-      std::vector<ioattn::gpu::sm90::TileCoord> coords;
-      for (int t = 0; t < sched.tiles; ++t) {
-        const ioattn::gpu::sm90::TileCoord c = sched.tile(t);
-        REQUIRE(c.m_block >= 0);
-        REQUIRE(c.m_block < m_blocks);
-        REQUIRE(c.h >= 0);
-        REQUIRE(c.h < sh.heads_q);
-        REQUIRE(c.b >= 0);
-        REQUIRE(c.b < sh.batch);
-        ++seen[size_t((c.b * sh.heads_q + c.h) * m_blocks + c.m_block)];
-        coords.push_back(c);
-      }
-      for (const int n : seen) REQUIRE(n == 1);
-      auto pair_of = [&](const ioattn::gpu::sm90::TileCoord& c) { return c.b * sh.heads_kv + c.h / group; };
-      for (int t = 0; t < sched.tiles; ++t) {
-        const ioattn::gpu::sm90::TileCoord& c = coords[size_t(t)];
-        if (t % section_tiles == 0) CHECK(c.m_block == m_blocks - 1);
-        // A CTA's next work tile in the same section is never a later query block.
-        const int next = t + sched.ctas;
-        if (next < sched.tiles && next / section_tiles == t / section_tiles)
-          CHECK(coords[size_t(next)].m_block <= c.m_block);
-        // Neighbours in one round of one query block: the same kv head's next or previous query
-        // head, or a neighbouring pair.
-        const int after = t + 1;
-        if (after < sched.tiles && after / section_tiles == t / section_tiles &&
-            after % section_tiles / sched.ctas == t % section_tiles / sched.ctas &&
-            coords[size_t(after)].m_block == c.m_block) {
-          const int64_t step = pair_of(coords[size_t(after)]) - pair_of(c);
-          CHECK((step == 1 || step == -1 || (step == 0 && std::abs(coords[size_t(after)].h - c.h) == 1)));
+    for (const int sms : {1, 7, 132, 100000})
+      for (const int mask : {0, 1, 2}) {  // none, causal, a window
+        AttnParams p;
+        p.batch = sh.batch;
+        p.heads_q = sh.heads_q;
+        p.heads_kv = sh.heads_kv;
+        p.seqlen_q = sh.sq;
+        p.seqlen_k = sh.sk;
+        p.causal = mask == 1;
+        if (mask == 2) p.window_left = 64;
+        const ioattn::gpu::sm90::TileSchedule sched = ioattn::gpu::sm90::make_schedule(p, 128, 64, sms, sh.l2);
+        INFO("B=" << sh.batch << " Hq=" << sh.heads_q << " Hkv=" << sh.heads_kv << " Sq=" << sh.sq << " Sk=" << sh.sk
+                  << " mask=" << mask << " SMs=" << sms << " section_pairs=" << sched.section_pairs);
+        const int64_t m_blocks = (sh.sq + 127) / 128, group = sh.heads_q / sh.heads_kv;
+        // A section's K and V fit its share of the L2: half under a mask, a sixth without.
+        const int64_t kv_bytes = 2 * sh.sk * 64 * 2;
+        CHECK((sched.section_pairs == 1 || sched.section_pairs * kv_bytes <= sh.l2 / (mask ? 2 : 6)));
+        REQUIRE(sched.tiles == m_blocks * sh.heads_q * sh.batch);
+        REQUIRE(sched.ctas == std::min<int64_t>(sms, sched.tiles));
+        const int64_t section_tiles = sched.section_pairs * m_blocks * group;
+        std::vector<int> seen(size_t(sched.tiles), 0);
+        std::vector<ioattn::gpu::sm90::TileCoord> coords;
+        for (int t = 0; t < sched.tiles; ++t) {
+          const ioattn::gpu::sm90::TileCoord c = sched.tile(t);
+          REQUIRE(c.m_block >= 0);
+          REQUIRE(c.m_block < m_blocks);
+          REQUIRE(c.h >= 0);
+          REQUIRE(c.h < sh.heads_q);
+          REQUIRE(c.b >= 0);
+          REQUIRE(c.b < sh.batch);
+          ++seen[size_t((c.b * sh.heads_q + c.h) * m_blocks + c.m_block)];
+          coords.push_back(c);
+        }
+        for (const int n : seen) REQUIRE(n == 1);
+        auto pair_of = [&](const ioattn::gpu::sm90::TileCoord& c) { return c.b * sh.heads_kv + c.h / group; };
+        for (int t = 0; t < sched.tiles; ++t) {
+          const ioattn::gpu::sm90::TileCoord& c = coords[size_t(t)];
+          if (t % section_tiles == 0) CHECK(c.m_block == m_blocks - 1);
+          // A CTA's next work tile in the same section is never a later query block.
+          const int next = t + sched.ctas;
+          if (next < sched.tiles && next / section_tiles == t / section_tiles)
+            CHECK(coords[size_t(next)].m_block <= c.m_block);
+          // Neighbours in one round of one query block: the same kv head's next or previous query
+          // head, or a neighbouring pair.
+          const int after = t + 1;
+          if (after < sched.tiles && after / section_tiles == t / section_tiles &&
+              after % section_tiles / sched.ctas == t % section_tiles / sched.ctas &&
+              coords[size_t(after)].m_block == c.m_block) {
+            const int64_t step = pair_of(coords[size_t(after)]) - pair_of(c);
+            CHECK((step == 1 || step == -1 || (step == 0 && std::abs(coords[size_t(after)].h - c.h) == 1)));
+          }
         }
       }
-    }
 }
 
 TEST_CASE("sm_90a schedule: causal work evens out over 132 SMs without a dispatcher", "[gpu][sm90]") {

@@ -3,8 +3,13 @@
 // (gpu/sm90/flash_fwd.cuh), so the order alone decides which work tiles run at the same time and
 // how evenly the CTAs are loaded.
 //
-// The (sequence, kv head) pairs are cut into sections whose K and V fit in half the L2, the share
-// that data every SM reads gets on a two-partition L2 (common/hardware.h). Within a section the
+// The (sequence, kv head) pairs are cut into sections whose K and V fit in a share of the L2. Under
+// a causal mask or a window that share is half, what data every SM reads gets on a two-partition
+// L2 (common/hardware.h): the CTAs walk the band of keys together, and smaller sections left the
+// CTAs unevenly loaded. Without a mask it is a sixth: every CTA sweeps all of the section's keys
+// at its own pace, so the keys the slowest CTA still needs must outlive the ones the fastest has
+// streamed in since, plus Q and O passing through; with half the L2 K and V were evicted before
+// their last reader and read from HBM up to three times. Within a section the
 // query blocks run from the last to the first, each block's work tiles being the section's pairs
 // in order with a GQA group's query heads adjacent: the CTAs running at once stream the K/V of
 // one section, from L2 after its first reader, as the one-CTA-per-tile grid did when the hardware
@@ -68,7 +73,8 @@ inline TileSchedule make_schedule(const AttnParams& p, int block_q, int head_dim
   s.tiles = s.m_blocks * int(p.heads_q * p.batch);
   s.ctas = s.tiles < sms ? s.tiles : sms;
   const int64_t kv_bytes = 2 * p.seqlen_k * head_dim * 2;  // K and V of one pair, 2-byte elements
-  const int64_t fit = l2_bytes / 2 / kv_bytes;
+  const bool banded = p.causal || p.window_left >= 0 || p.window_right >= 0;
+  const int64_t fit = l2_bytes / (banded ? 2 : 6) / kv_bytes;
   const int64_t most = fit < 1 ? 1 : fit > s.pairs ? s.pairs : fit;
   const int64_t pair_tiles = int64_t(s.m_blocks) * s.group;
   const int64_t round_pairs = most * pair_tiles / (2 * s.ctas);
