@@ -76,21 +76,30 @@ hn::Vec<D> PairSums(D d, hn::Vec<D> a, hn::Vec<D> b);
 #endif
 
 // Level `level` of the transposed reduction (0 pairs the sums of single keys). PairSums costs two
-// lane-crossing permutes per pair on AVX2, 14 per row and 8 keys beside the step's 32 FMAs per key
-// and row. There the first two levels stay inside 128-bit blocks (unpacks of 32-bit, then 64-bit
-// lanes, which leave each block as [k0 k1 k2 k3] of its half of D) and only the last crosses
-// them, 2 permutes per row and 8 keys; lane i is still the sum of vector i.
+// lane-crossing two-table permutes per pair, each of which overwrites a source and so needs a
+// register copy beside it: at 4 rows that is a third of the score loop's time on a Zen 4. On x86
+// the first two levels stay inside 128-bit blocks (unpacks of 32-bit, then 64-bit lanes, which
+// leave each block as [k0 k1 k2 k3] of its part of D) and the rest move whole blocks (AVX2: the
+// halves; AVX-512: 4 of the 8 blocks of two vectors, keeping their order), all with
+// non-destructive operands; lane i is still the sum of vector i.
 template <int level, class D>
 HWY_INLINE hn::Vec<D> Fold(D d, hn::Vec<D> a, hn::Vec<D> b) {
-#if HWY_TARGET == HWY_AVX2
-  static_assert(hn::MaxLanes(D()) == 8 && level < 3, "three levels fold the 8 lanes of two blocks");
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2 || HWY_TARGET <= HWY_AVX3)
+  constexpr size_t kBlocks = hn::MaxLanes(D()) / 4;
+  static_assert((kBlocks == 2 || kBlocks == 4) && level < 2 + kBlocks / 2, "levels fold the lanes of 2 or 4 blocks");
   if constexpr (level == 0) return hn::Add(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b));
   if constexpr (level == 1) {
     const hn::Repartition<double, D> dd;
     const auto a2 = hn::BitCast(dd, a), b2 = hn::BitCast(dd, b);
     return hn::Add(hn::BitCast(d, hn::InterleaveLower(dd, a2, b2)), hn::BitCast(d, hn::InterleaveUpper(dd, a2, b2)));
   }
+#if HWY_TARGET <= HWY_AVX3
+  // Blocks 0 and 2 of a then of b, plus blocks 1 and 3: neighbouring blocks summed, in order.
+  return hn::Vec<D>{_mm512_add_ps(_mm512_shuffle_f32x4(a.raw, b.raw, _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(a.raw, b.raw, _MM_SHUFFLE(3, 1, 3, 1)))};
+#else
   return hn::Add(hn::ConcatLowerLower(d, b, a), hn::ConcatUpperUpper(d, b, a));
+#endif
 #else
   return PairSums(d, a, b);
 #endif
