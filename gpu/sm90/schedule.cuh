@@ -3,18 +3,19 @@
 // (gpu/sm90/flash_fwd.cuh), so the order alone decides which work tiles run at the same time and
 // how evenly the CTAs are loaded.
 //
-// The (sequence, kv head) pairs are cut into sections whose K and V fit in a share of the L2. Under
-// a causal mask or a window that share is half, what data every SM reads gets on a two-partition
-// L2 (common/hardware.h): the CTAs walk the band of keys together, and smaller sections left the
-// CTAs unevenly loaded. Without a mask it is a sixth: every CTA sweeps all of the section's keys
-// at its own pace, so the keys the slowest CTA still needs must outlive the ones the fastest has
-// streamed in since, plus Q and O passing through; with half the L2 K and V were evicted before
-// their last reader and read from HBM up to three times. Within a section the
-// query blocks run from the last to the first, each block's work tiles being the section's pairs
-// in order with a GQA group's query heads adjacent: the CTAs running at once stream the K/V of
-// one section, from L2 after its first reader, as the one-CTA-per-tile grid did when the hardware
-// launched a head's query blocks together; and under a causal mask each CTA's heaviest work tiles
-// (the last query blocks, which see the most keys) come first.
+// The (sequence, kv head) pairs are cut into sections whose K and V fit in a share of the L2.
+// Without a mask the share is a sixth: every CTA sweeps all of the section's keys at its own
+// pace, so the keys the slowest CTA still needs must outlive those the fastest has streamed in
+// since, and Q and O passing through; sections of half the L2 lost K and V to HBM before their
+// last reader. Under a causal mask or a window it is half, what data every SM reads gets on a
+// two-partition L2 (common/hardware.h): there a section's work tiles are unequal, and fewer of
+// them per section leave the CTAs unevenly loaded (the balance test in test_gpu_sm90).
+//
+// Within a section the query blocks run from the last to the first, each block's work tiles being
+// the section's pairs in order with a GQA group's query heads adjacent: the CTAs running at once
+// stream the K/V of one section, from L2 after its first reader, as the one-CTA-per-tile grid did
+// when the hardware launched a head's query blocks together; and under a causal mask each CTA's
+// heaviest work tiles (the last query blocks, which see the most keys) come first.
 //
 // A static split has no dispatcher to even out unequal work tiles, so the order does: each run of
 // P positions (a round) takes P consecutive work tiles of the section, which under a causal mask
