@@ -44,7 +44,10 @@ if [[ -z ${PYTHON:-} ]]; then
     if [[ ! -x $BP/venv/bin/python ]]; then
       log "creating $BP/venv (torch CPU, numpy, ioattn)"
       python3 -m venv "$BP/venv"
-      "$BP/venv/bin/pip" install -q --index-url https://download.pytorch.org/whl/cpu torch
+      # PyTorch's CPU-only index is smaller; PyPI's default wheel (CUDA libraries beside it) runs on
+      # the CPU the same, for machines that cannot reach that index.
+      "$BP/venv/bin/pip" install -q --index-url https://download.pytorch.org/whl/cpu torch ||
+        "$BP/venv/bin/pip" install -q torch
       "$BP/venv/bin/pip" install -q numpy "$ROOT"
     fi
     PYTHON=$BP/venv/bin/python
