@@ -27,6 +27,7 @@
 
 #include <cstdint>
 
+#include "common/host_device.h"
 #include "common/params.h"
 
 namespace ioattn::gpu::sm90 {
@@ -44,7 +45,7 @@ struct TileSchedule {
   int tiles;
   int ctas;  // the grid: min(SMs, tiles)
 
-  __host__ __device__ TileCoord tile(int t) const {
+  IOATTN_HD TileCoord tile(int t) const {
     const int section_tiles = section_pairs * m_blocks * group;
     const int section = t / section_tiles;
     const int first_pair = section * section_pairs;
