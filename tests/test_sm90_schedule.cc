@@ -87,7 +87,8 @@ TEST_CASE("sm_90a schedule: causal work evens out over 132 SMs without a dispatc
   // work tiles (4096 over 132 SMs, 32 against 31.03 rounds); without the reversed rounds the
   // busiest CTA carries up to 1.36x the mean.
   const Shape shapes[] = {{32, 32, 32, 512, 64},  {16, 16, 16, 1024, 128}, {8, 16, 16, 2048, 128},
-                          {2, 16, 16, 8192, 128}, {2, 16, 2, 6000, 128},   {16, 48, 6, 130, 128}};
+                          {2, 16, 16, 8192, 128}, {1, 16, 16, 16384, 128}, {1, 32, 32, 16384, 64},
+                          {2, 16, 2, 6000, 128},  {16, 48, 6, 130, 128}};
   for (const Shape& sh : shapes) {
     AttnParams p;
     p.batch = sh.batch;
