@@ -77,10 +77,10 @@ hn::Vec<D> PairSums(D d, hn::Vec<D> a, hn::Vec<D> b);
 
 // Level `level` of the transposed reduction (0 pairs the sums of single keys). PairSums costs two
 // lane-crossing two-table permutes per pair, each of which overwrites a source and so needs a
-// register copy beside it. On x86 the first two levels stay inside 128-bit blocks (unpacks of 32-bit, then 64-bit
-// lanes, which leave each block as [k0 k1 k2 k3] of its part of D) and the rest move whole blocks (AVX2: the halves;
-// AVX-512: 4 of the 8 blocks of two vectors, keeping their order), all with non-destructive operands; lane i is still
-// the sum of vector i.
+// register copy beside it. On x86 the first two levels stay inside 128-bit blocks (unpacks of
+// 32-bit, then 64-bit lanes, which leave each block as [k0 k1 k2 k3] of its part of D) and the
+// rest move whole blocks (AVX2: the halves; AVX-512: 4 of the 8 blocks of two vectors, keeping
+// their order), all with non-destructive operands; lane i is still the sum of vector i.
 template <int level, class D>
 HWY_INLINE hn::Vec<D> Fold(D d, hn::Vec<D> a, hn::Vec<D> b) {
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2 || HWY_TARGET <= HWY_AVX3)

@@ -2,9 +2,10 @@
 // every head dim it covers, both storage types, no mask, causal and windows, GQA and MQA, lengths
 // that are not multiples of its 128-row and 128- or 64-key tiles, LSE, the NaN rules, output rows'
 // padding untouched, and 50 launches bitwise equal; the persistent grid with fewer, as many and
-// many more work tiles than SMs (its tile order is checked on the host by test_sm90_schedule). Every case first checks
-// that dispatch sends it to the sm_90a kernel, and the dispatch rule itself is checked for what the kernel leaves to
-// the others. Exits 77 ("SKIPPED") where no compute capability 9.0 device is visible or the build has no sm_90a path.
+// many more work tiles than SMs (its tile order is checked on the host by test_sm90_schedule).
+// Every case first checks that dispatch sends it to the sm_90a kernel, and the dispatch rule
+// itself is checked for what the kernel leaves to the others. Exits 77 ("SKIPPED") where no
+// compute capability 9.0 device is visible or the build has no sm_90a path.
 //
 // Tags: [sanitize] marks the small cases scripts/gpu_run.sh runs under compute-sanitizer.
 #include <algorithm>

@@ -9,7 +9,7 @@
 // since, and Q and O passing through; sections of half the L2 lost K and V to HBM before their
 // last reader. Under a causal mask or a window it is half, what data every SM reads gets on a
 // two-partition L2 (common/hardware.h): there a section's work tiles are unequal, and fewer of
-// them per section leave the CTAs unevenly loaded (the balance test in test_gpu_sm90).
+// them per section leave the CTAs unevenly loaded (the balance case of tests/test_sm90_schedule.cc).
 //
 // Within a section the query blocks run from the last to the first, each block's work tiles being
 // the section's pairs in order with a GQA group's query heads adjacent: the CTAs running at once
